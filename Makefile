@@ -1,0 +1,44 @@
+# Two commands on a fresh machine: `make lab` and `make test`. Both create .venv first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PORT   ?= 8888
+JOBS   ?= 2
+NBVAL  := --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
+
+.PHONY: setup lab test test-unit test-notebooks release bench clean
+
+setup: $(VENV)/.installed
+
+# torch first, pinned to the tested release (a looser pin would download multi-GB CUDA builds),
+# then the package with its extras; a range that 2.13.0 satisfies installs nothing more.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e ".[lab,dev]"
+	touch $@
+
+lab: setup
+	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir=notebooks
+
+test: setup
+	$(BIN)/attn-course release --check
+	$(MAKE) test-unit test-notebooks
+
+test-unit: setup
+	$(BIN)/python -m pytest tests -n $(JOBS) -q
+
+# Lessons and solutions: outputs compared. Exercises: must run without unexpected errors.
+test-notebooks: setup
+	$(BIN)/python -m pytest --nbval $(NBVAL) -n $(JOBS) --dist loadfile notebooks solutions -q
+	$(BIN)/python -m pytest --nbval-lax $(NBVAL) -n $(JOBS) --dist loadfile exercises -q
+
+release: setup
+	$(BIN)/attn-course release
+
+bench: setup
+	$(BIN)/attn-course bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,104 @@
+"""How an exercise is described: the contract between exercise sets, ``check()`` and the bulk grader.
+
+An exercise is a trusted Python object (it lives in the installed package, never in a notebook):
+
+* ``cases(gen)``      — draws the inputs, in the *grader's* process (or the self-check's), from ``gen``.
+* ``answer(obj, case)`` — applies the learner's object to one case's inputs and returns a dict of plain
+  tensors. This is the only method that touches learner code; in bulk grading it runs inside the
+  sandboxed child and its result crosses the process boundary as safetensors (no pickle).
+* ``expected(case)``  — the reference answer, computed by the grader from the case's inputs.
+* ``judge(got, want, case)`` — compares, and on failure names the likely misconception (``hint``).
+
+``got`` has already been validated against ``want``: same keys, tensors, same dtype and shape (the grader
+does that, see :func:`validate`), so ``judge`` may assume both are well-formed tensors.
+
+An exercise set for lesson NN is a module ``attn_course/grading/exercises/lessonNN.py`` exposing
+``EXERCISES: list[Exercise]``; ids are unique across the course and start with the lesson number
+(``"01_attention_by_hand"``). Nothing else needs registering.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["Case", "Verdict", "Exercise", "validate", "close", "FORBID_SDPA", "FORBID_COURSE"]
+
+# Names for the ``forbidden`` tuple: dotted APIs (attribute chains) or whole modules.
+FORBID_SDPA = ("torch.nn.functional.scaled_dot_product_attention",
+               "torch.nn.MultiheadAttention", "torch.nn.functional.multi_head_attention_forward")
+FORBID_COURSE = ("attn_course",)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One graded case: ``inputs`` are tensors drawn by the grader, ``params`` plain JSON values."""
+    name: str
+    inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    hint: str = ""        # for a wrong answer: the likely misconception, in one friendly sentence
+
+
+@dataclass
+class Exercise:
+    """Base class; subclass it or pass functions. ``points`` is for the whole exercise.
+
+    Partial credit: points * (cases passed / cases) rounded to 0.5, unless ``all_or_nothing``.
+    """
+    id: str
+    points: float
+    title: str
+    expects: str                                    # what the learner hands to check(), e.g. "a function attn(q, k, v, mask)"
+    cases_fn: Callable[[torch.Generator], list[Case]] | None = None
+    answer_fn: Callable[[Any, Case], dict[str, torch.Tensor]] | None = None
+    expected_fn: Callable[[Case], dict[str, torch.Tensor]] | None = None
+    judge_fn: Callable[[dict, dict, Case], Verdict] | None = None
+    forbidden: tuple[str, ...] = ()                 # APIs the learner's cell may not use (static + runtime)
+    all_or_nothing: bool = False
+
+    def cases(self, gen: torch.Generator) -> list[Case]:
+        return self.cases_fn(gen)
+
+    def answer(self, obj: Any, case: Case) -> dict[str, torch.Tensor]:
+        return self.answer_fn(obj, case)
+
+    def expected(self, case: Case) -> dict[str, torch.Tensor]:
+        return self.expected_fn(case)
+
+    def judge(self, got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], case: Case) -> Verdict:
+        if self.judge_fn is not None:
+            return self.judge_fn(got, want, case)
+        return Verdict(all(close(got[k], want[k]) for k in want))
+
+
+def close(got: torch.Tensor, want: torch.Tensor, *, atol: float = 1e-5, rtol: float = 1e-4) -> bool:
+    """Tolerant equality for already-validated tensors (NaN never equals anything)."""
+    if got.shape != want.shape:
+        return False
+    if want.dtype == torch.bool or not want.is_floating_point():
+        return bool(torch.equal(got, want))
+    return bool(torch.allclose(got.double(), want.double(), atol=atol, rtol=rtol))
+
+
+def validate(got: Any, want: dict[str, torch.Tensor]) -> str | None:
+    """Return None if ``got`` is a dict with exactly ``want``'s keys, each a real ``torch.Tensor`` of the
+    same dtype and shape; otherwise a short learner-facing reason. Never trusts ``got``'s methods."""
+    if type(got) is not dict:
+        return f"expected a dict of tensors, got {type(got).__name__}"
+    if set(got) != set(want):
+        return f"expected entries {sorted(want)}, got {sorted(map(str, got))}"
+    for key, w in want.items():
+        g = got[key]
+        if type(g) is not torch.Tensor:
+            return f"{key}: expected a torch.Tensor, got {type(g).__name__}"
+        if g.dtype != w.dtype:
+            return f"{key}: expected dtype {w.dtype}, got {g.dtype}"
+        if tuple(g.shape) != tuple(w.shape):
+            return f"{key}: expected shape {tuple(w.shape)}, got {tuple(g.shape)}"
+    return None
