@@ -1,0 +1,1 @@
+"""Tiny synthetic tasks and models that train in seconds on a CPU, one module per lesson."""

@@ -1,0 +1,53 @@
+"""The one training loop every tiny demo shares: seeded, CPU-fast, with a tqdm progress bar."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["fit", "token_accuracy"]
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def token_accuracy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> float:
+    """Fraction of positions where ``argmax(logits) == targets`` (positions equal to ignore_index skipped)."""
+    keep = targets != ignore_index
+    return (logits.argmax(-1)[keep] == targets[keep]).float().mean().item()
+
+
+def fit(model: nn.Module, sample: Callable[[torch.Generator], Batch], *, steps: int, lr: float = 3e-3,
+        seed: int = 0, progress: bool = True, desc: str = "training",
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        forward: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None) -> list[float]:
+    """Train ``model`` with AdamW for ``steps`` batches drawn by ``sample(gen)``; return the losses.
+
+    Deterministic for a given ``seed``: both the parameters' initialisation (the caller seeds it) and
+    the data stream (``gen``) are seeded; we use no dropout and no non-deterministic kernels on CPU.
+    ``forward(model, x)`` defaults to ``model(x)``; ``loss_fn(logits, y)`` defaults to token-level
+    cross-entropy over the last axis.
+    """
+    from tqdm.auto import tqdm
+
+    gen = torch.Generator().manual_seed(seed)
+    loss_fn = loss_fn or (lambda logits, y: F.cross_entropy(logits.flatten(0, -2), y.flatten()))
+    forward = forward or (lambda m, x: m(x))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
+    device = next(model.parameters()).device
+    model.train()
+    losses = []
+    bar = tqdm(range(steps), desc=desc, disable=not progress, leave=False)
+    for _ in bar:
+        x, y = sample(gen)
+        loss = loss_fn(forward(model, x.to(device)), y.to(device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+    model.eval()
+    return losses

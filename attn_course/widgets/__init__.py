@@ -1,0 +1,1 @@
+"""Interactive explorers (ipywidgets); update logic is plain Python, tested without a browser."""
