@@ -18,6 +18,7 @@ An exercise set for lesson NN is a module ``attn_course/grading/exercises/lesson
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -49,7 +50,8 @@ class Verdict:
 class Exercise:
     """Base class; subclass it or pass functions. ``points`` is for the whole exercise.
 
-    Partial credit: points * (cases passed / cases) rounded to 0.5, unless ``all_or_nothing``.
+    Partial credit: points * (cases passed / cases) rounded down to 0.5, unless ``all_or_nothing``
+    (see :meth:`score`).
     """
     id: str
     points: float
@@ -75,6 +77,17 @@ class Exercise:
         if self.judge_fn is not None:
             return self.judge_fn(got, want, case)
         return Verdict(all(close(got[k], want[k]) for k in want))
+
+    def score(self, passed: int, total: int) -> float:
+        """Points for ``passed`` of ``total`` cases: all or nothing, or proportional rounded *down* to 0.5
+        (so failing a case never rounds up to full marks)."""
+        if total <= 0 or passed <= 0:
+            return 0.0
+        if passed >= total:
+            return float(self.points)
+        if self.all_or_nothing:
+            return 0.0
+        return math.floor(2 * self.points * passed / total + 1e-9) / 2
 
 
 def close(got: torch.Tensor, want: torch.Tensor, *, atol: float = 1e-5, rtol: float = 1e-4) -> bool:

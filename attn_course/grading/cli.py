@@ -1,0 +1,57 @@
+"""The ``attn-course`` command: ``release [--check]``, ``grade SUBMISSION... --out DIR``, ``bench ...``."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="attn-course", description="Tools of the attention course.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("release", help="build exercises/ from solutions/")
+    r.add_argument("--check", action="store_true", help="only compare; exit 1 if exercises/ is stale")
+    r.add_argument("--root", default=None, help="course checkout (default: found upwards from cwd)")
+
+    g = sub.add_parser("grade", help="grade learners' exercise notebooks in a sandbox")
+    g.add_argument("submissions", nargs="+", metavar="SUBMISSION",
+                   help="notebooks, or folders (every file inside is a submission)")
+    g.add_argument("--out", required=True, help="output folder: grades.csv, <student>.json, <student>.feedback.md")
+    g.add_argument("--timeout", type=float, default=60.0, help="wall-clock seconds per sandboxed run (default 60)")
+    g.add_argument("--jobs", type=int, default=1, help="submissions graded in parallel (default 1)")
+    g.add_argument("--seed", type=int, default=None,
+                   help="draw every submission's inputs from this seed (default: from the submission's content)")
+    g.add_argument("--memory", type=int, default=4096, help="address-space limit of the sandbox in MiB (default 4096)")
+    g.add_argument("--root", default=None, help="course checkout holding solutions/ (default: found upwards from cwd)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    b = sub.add_parser("bench", help="attention benchmarks (forwarded to attn_course.bench)", add_help=False)
+    b.add_argument("args", nargs=argparse.REMAINDER)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:                      # forward everything, --help included
+        try:
+            bench = importlib.import_module("attn_course.bench")
+        except ModuleNotFoundError as exc:
+            if exc.name != "attn_course.bench":
+                raise
+            print("attn-course bench: the benchmark module attn_course.bench is not installed in this "
+                  "version of the course.", file=sys.stderr)
+            return 2
+        return int(bench.main(argv[1:]) or 0)
+    args = _parser().parse_args(argv)
+    if args.command == "release":
+        from .release import release
+        return release(args.root, check=args.check)
+    from .runner import grade_cli
+    return grade_cli(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

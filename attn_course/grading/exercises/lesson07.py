@@ -1,0 +1,321 @@
+"""Exercise set 07 — Tensor Product Attention (solutions/07_tensor_product_attention.ipynb).
+
+References are computed here in float64 from the formulas of Zhang et al. 2025 (independently of the
+learner and of ``attn_course.tpa``). Hints are *detected*: each judge computes what the common mistakes
+(no 1/R, 1/√R, rank-major views, RoPE pairing/sign/frequency, rotating V or the rank axis, the seed's
+head-mixing scores, the seed's cache arithmetic) would produce on the same inputs and names the match.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..spec import FORBID_COURSE, FORBID_SDPA, Case, Exercise, Verdict, close
+
+__all__ = ["EXERCISES"]
+
+_F64 = torch.float64
+
+
+def _same(got: torch.Tensor, cand: torch.Tensor) -> bool:
+    return got.shape == cand.shape and bool(torch.allclose(got.double(), cand.double(), atol=1e-4, rtol=1e-3))
+
+
+def _max_diff(got: torch.Tensor, want: torch.Tensor) -> str:
+    d = (got.double() - want.double()).abs()
+    return "NaN" if torch.isnan(d).any() else f"{float(d.max()):.3g}"
+
+
+def _first_match(got: dict, candidates: list[tuple[str, dict]]) -> str | None:
+    for hint, cand in candidates:
+        if all(_same(got[k], cand[k]) for k in cand):
+            return hint
+    return None
+
+
+# ---- formulas (float64) with switchable mistakes ---------------------------------------------------------
+
+def _combine(A, B, *, scale="R"):
+    """(1/R) Σ_r A[..., h, r] B[..., r, :]: (B, L, H, R) x (B, L, R, d) -> (B, L, H, d)."""
+    R = A.shape[-1]
+    s = {"R": 1.0 / R, "sqrtR": 1.0 / math.sqrt(R), "none": 1.0}[scale]
+    return torch.einsum("blhr,blrd->blhd", A.to(_F64), B.to(_F64)) * s
+
+
+def _rope(x, positions, *, pairing="half", sign=1.0, two=True, base=10000.0):
+    """RoPE on (..., L, d) at integer positions (L,), float64. pairing 'half' (i, i+d/2) or 'interleaved'."""
+    x = x.to(_F64)
+    d = x.shape[-1]
+    i = torch.arange(d // 2, dtype=_F64)
+    theta = base ** (-(2.0 if two else 1.0) * i / d)
+    ang = positions.to(_F64)[:, None] * theta                    # (L, d/2)
+    cos, sin = ang.cos(), sign * ang.sin()
+    if pairing == "half":
+        x1, x2 = x[..., : d // 2], x[..., d // 2:]
+        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+# ---- 07_tpa_combine -------------------------------------------------------------------------------------
+
+def _combine_cases(gen):
+    cases = []
+    for B, L, H, R, d in ((1, 3, 4, 2, 8), (2, 5, 6, 3, 4), (2, 4, 3, 6, 10)):
+        a = torch.randn(B, L, H * R, generator=gen)
+        b = torch.randn(B, L, R * d, generator=gen)
+        cases.append(Case(f"B={B}, L={L}, H={H}, R={R}, d_h={d}", {"a": a, "b": b}, {"H": H, "R": R}))
+    return cases
+
+
+def _combine_answer(fn, case):
+    return {"out": fn(case.inputs["a"], case.inputs["b"], case.params["H"], case.params["R"])}
+
+
+def _views(case, *, head_major=True):
+    a, b = case.inputs["a"], case.inputs["b"]
+    Bs, L, _ = a.shape
+    H, R = case.params["H"], case.params["R"]
+    A = a.view(Bs, L, H, R) if head_major else a.view(Bs, L, R, H).transpose(-2, -1)
+    return A, b.view(Bs, L, R, -1)
+
+
+def _combine_expected(case):
+    return {"out": _combine(*_views(case)).to(case.inputs["a"].dtype)}
+
+
+def _combine_judge(got, want, case):
+    if close(got["out"], want["out"]):
+        return Verdict(True)
+    rank_major = "the head factors are laid out head-major: view W_A's output as (B, L, H, R), not (R, H) " \
+                 "(seed 000's view(b, L, r, h) pairs every number with the wrong head and rank)"
+    candidates = [
+        ("you summed the R outer products without dividing by R: Q_t = (1/R) Σ_r a_r ⊗ b_r.",
+         {"out": _combine(*_views(case), scale="none")}),
+        ("the scale is 1/R (an average of the R rank-one terms), not 1/√R.",
+         {"out": _combine(*_views(case), scale="sqrtR")}),
+        (rank_major + ".", {"out": _combine(*_views(case, head_major=False))}),
+        (rank_major + "; and the scale 1/R is missing too.",
+         {"out": _combine(*_views(case, head_major=False), scale="none")}),
+        (rank_major + "; and the scale is 1/R, not 1/√R.",
+         {"out": _combine(*_views(case, head_major=False), scale="sqrtR")}),
+    ]
+    hint = _first_match(got, candidates)
+    return Verdict(False, hint or f"wrong values (largest difference {_max_diff(got['out'], want['out'])}).")
+
+
+# ---- 07_rope --------------------------------------------------------------------------------------------
+
+def _rope_cases(gen):
+    cases = []
+    for shape, start in (((6, 8), 0), ((2, 3, 5, 16), 0), ((2, 4, 32), 7), ((1, 2, 3, 64), 100)):
+        x = torch.randn(*shape, generator=gen)
+        cases.append(Case(f"x {shape}, positions {start}..{start + shape[-2] - 1}",
+                          {"x": x, "positions": torch.arange(start, start + shape[-2])}))
+    return cases
+
+
+def _rope_answer(fn, case):
+    return {"out": fn(case.inputs["x"], case.inputs["positions"])}
+
+
+def _rope_expected(case):
+    return {"out": _rope(case.inputs["x"], case.inputs["positions"]).to(case.inputs["x"].dtype)}
+
+
+def _rope_judge(got, want, case):
+    if close(got["out"], want["out"]):
+        return Verdict(True)
+    x, pos = case.inputs["x"], case.inputs["positions"]
+    L = x.shape[-2]
+    candidates = [
+        ("you paired neighbours (2i, 2i+1) — the original RoFormer layout; this course (like GPT-NeoX and "
+         "HF LLaMA) pairs i with i + d/2: rotate_half(x) = cat(-x[..., d/2:], x[..., :d/2]).",
+         {"out": _rope(x, pos, pairing="interleaved")}),
+        ("you rotate the wrong way: rotate_half(x) = cat(-x2, x1) (the minus on the second half), and "
+         "out = x·cos + rotate_half(x)·sin.", {"out": _rope(x, pos, sign=-1.0)}),
+        ("the frequencies are θ_i = base^(-2i/d) for i < d/2; you used base^(-i/d).",
+         {"out": _rope(x, pos, two=False)}),
+        ("you ignored the given positions and used 0..L-1; when decoding, the new token sits at its true "
+         "position (after the cached ones).", {"out": _rope(x, torch.arange(L))}),
+    ]
+    hint = _first_match(got, candidates)
+    return Verdict(False, hint or f"wrong values (largest difference {_max_diff(got['out'], want['out'])}).")
+
+
+# ---- 07_which_factors_rope ------------------------------------------------------------------------------
+
+_FACTORS = ("A_q", "B_q", "A_k", "B_k", "A_v", "B_v")
+
+
+def _which_cases(gen):
+    cases = []
+    for Bs, L, H, (Rq, Rk, Rv), d, start in ((1, 4, 2, (3, 2, 2), 8, 0), (2, 5, 4, (6, 2, 2), 16, 3),
+                                            (2, 3, 3, (2, 1, 3), 8, 10)):
+        t = {}
+        for name in _FACTORS:
+            R = {"q": Rq, "k": Rk, "v": Rv}[name[-1]]
+            t[name] = torch.randn(Bs, L, H, R, generator=gen) if name[0] == "A" else torch.randn(Bs, L, R, d, generator=gen)
+        cases.append(Case(f"B={Bs}, L={L}, H={H}, ranks {(Rq, Rk, Rv)}, d_h={d}, first position {start}",
+                          t, {"start": start}))
+    return cases
+
+
+def _which_answer(fn, case):
+    i = case.inputs
+    q, k, v = fn(*(i[n] for n in _FACTORS), case.params["start"])
+    return {"q": q, "k": k, "v": v}
+
+
+def _qkv(case, *, rotate=("q", "k"), start=None, rank_axis=False):
+    i, s = case.inputs, case.params["start"] if start is None else start
+    L = i["A_q"].shape[1]
+    pos = torch.arange(s, s + L)
+
+    def rot(Bf):                                                         # (B, L, R, d)
+        if rank_axis:                                                    # apply_rope on (B, L, R, d): R as "sequence"
+            return _rope(Bf, torch.arange(Bf.shape[-2]))
+        return _rope(Bf.transpose(1, 2), pos).transpose(1, 2)
+    out = {}
+    for n in "qkv":
+        Bf = i[f"B_{n}"]
+        out[n] = _combine(i[f"A_{n}"], rot(Bf) if n in rotate else Bf).to(Bf.dtype)
+    return out
+
+
+def _which_expected(case):
+    return _qkv(case)
+
+
+def _which_judge(got, want, case):
+    if all(close(got[n], want[n]) for n in "qkv"):
+        return Verdict(True)
+    candidates = [
+        ("values get no RoPE: rotate only the token factors of queries and keys (B_q, B_k), then combine.",
+         _qkv(case, rotate=("q", "k", "v"))),
+        ("your Q, K, V are not rotated at all: apply RoPE to B_q and B_k before combining.", _qkv(case, rotate=())),
+        ("only K is rotated: queries need RoPE too, or the scores lose the relative position.",
+         _qkv(case, rotate=("k",))),
+        ("only Q is rotated: keys need RoPE too (and the cache keeps the rotated B_k).", _qkv(case, rotate=("q",))),
+        ("you rotated along the rank axis: B has shape (B, L, R, d_h), so the sequence axis is 1, not -2 — move "
+         "L next to d_h (B.transpose(1, 2)) before rotating, and back after.", _qkv(case, rank_axis=True)),
+        ("the positions must start at `start` (the tokens already cached), not at 0.", _qkv(case, start=0)),
+    ]
+    hint = _first_match(got, candidates)
+    if hint:
+        return Verdict(False, hint)
+    if close(got["v"], want["v"]) and not close(got["q"], want["q"]):
+        return Verdict(False, "V is right but Q/K are not: check the rotation (half-split pairing, θ_i = "
+                              "base^(-2i/d)) and the 1/R scale.")
+    return Verdict(False, "wrong values; combine with (1/R) Σ_r a_r ⊗ b_r after rotating B_q and B_k.")
+
+
+# ---- 07_cache_elements ----------------------------------------------------------------------------------
+
+def _cache_cases(gen):
+    shapes = [(1024, 12, 64, 2, 2, 1), (4096, 32, 128, 2, 1, 1), (100, 16, 64, 2, 3, 4)]
+    return [Case(f"seq_len={s}, H={H}, d_h={d}, R_k={rk}, R_v={rv}, batch={b}",
+                 params=dict(seq_len=s, num_heads=H, head_dim=d, k_rank=rk, v_rank=rv, batch_size=b))
+            for s, H, d, rk, rv, b in shapes]
+
+
+def _cache_answer(fn, case):
+    return {"elements": torch.tensor(int(fn(**case.params)), dtype=torch.int64)}
+
+
+def _cache_expected(case):
+    p = case.params
+    return {"elements": torch.tensor(p["batch_size"] * p["seq_len"] * (p["k_rank"] + p["v_rank"])
+                                     * (p["num_heads"] + p["head_dim"]), dtype=torch.int64)}
+
+
+def _cache_judge(got, want, case):
+    g, w = int(got["elements"]), int(want["elements"])
+    if g == w:
+        return Verdict(True)
+    p = case.params
+    L, H, d, rk, rv, b = (p[k] for k in ("seq_len", "num_heads", "head_dim", "k_rank", "v_rank", "batch_size"))
+    candidates = [
+        (2 * w, "you counted keys and values twice (seed 000's 2·L·(R_k+R_v)·(H+d_h)): R_k + R_v already "
+                "covers both."),
+        (b * L * 2 * H * d, "that is the MHA cache, 2·H·d_h per token; TPA caches the factors A_k, B_k, A_v, B_v."),
+        (b * L * (rk + rv) * H * d, "a rank-R factor pair of an H×d_h matrix holds R·(H + d_h) numbers, not R·H·d_h."),
+        (b * L * rk * (H + d), "the values' factors A_v, B_v are cached too: (R_k + R_v)·(H + d_h) per token."),
+        (w // b, "multiply by the batch size: every sequence has its own cache."),
+    ]
+    for value, hint in candidates:
+        if g == value:
+            return Verdict(False, hint)
+    return Verdict(False, f"got {g:,}, expected {w:,} elements: per token TPA caches (R_k + R_v)·(H + d_h).")
+
+
+# ---- 07_fix_seed_attention ------------------------------------------------------------------------------
+
+def _fix_cases(gen):
+    cases = []
+    for Bs, L, H, d in ((1, 5, 2, 8), (2, 6, 4, 8), (2, 7, 3, 16)):
+        q, k, v = (torch.randn(Bs, L, H, d, generator=gen) for _ in range(3))
+        cases.append(Case(f"Q, K, V of shape (B, L, H, d_h) = {(Bs, L, H, d)}", {"Q": q, "K": k, "V": v}))
+    return cases
+
+
+def _fix_answer(fn, case):
+    i = case.inputs
+    return {"out": fn(i["Q"], i["K"], i["V"])}
+
+
+def _attend(Q, K, V, *, causal=True, scale=True):
+    q, k, v = (t.to(_F64).transpose(1, 2) for t in (Q, K, V))              # (B, H, L, d)
+    s = q @ k.transpose(-2, -1) / (math.sqrt(q.shape[-1]) if scale else 1.0)
+    if causal:
+        L = s.shape[-1]
+        s = s.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    return (s.softmax(-1) @ v).transpose(1, 2)                             # (B, L, H, d)
+
+
+def _seed_attend(Q, K, V):
+    """Seed 000: scores (B, L, H, d) @ (B, L, d, H) — heads attend to heads of the same token."""
+    q, k, v = (t.to(_F64) for t in (Q, K, V))
+    return (q @ k.transpose(2, 3) / math.sqrt(q.shape[-1])).softmax(-1) @ v
+
+
+def _fix_expected(case):
+    i = case.inputs
+    return {"out": _attend(i["Q"], i["K"], i["V"]).to(i["Q"].dtype)}
+
+
+def _fix_judge(got, want, case):
+    if close(got["out"], want["out"]):
+        return Verdict(True)
+    Q, K, V = (case.inputs[n] for n in "QKV")
+    candidates = [
+        ("this is still the seed's computation: with Q in (B, L, H, d) layout, Q @ Kᵀ attends across the H "
+         "heads of each token. Move the heads forward first (transpose(1, 2) -> (B, H, L, d)) so the scores "
+         "are (B, H, L, L).", {"out": _seed_attend(Q, K, V)}),
+        ("the scores are over the sequence now, but without the causal mask: query i must not see keys j > i.",
+         {"out": _attend(Q, K, V, causal=False)}),
+        ("the 1/√d_h scale is missing.", {"out": _attend(Q, K, V, scale=False)}),
+        ("no causal mask and no 1/√d_h scale.", {"out": _attend(Q, K, V, causal=False, scale=False)}),
+    ]
+    hint = _first_match(got, candidates)
+    return Verdict(False, hint or f"wrong values (largest difference {_max_diff(got['out'], want['out'])}).")
+
+
+EXERCISES = [
+    Exercise("07_tpa_combine", 2, "Combine the factors into Q",
+             "a function combine(a, b, num_heads, rank) -> (B, L, H, d_h)",
+             _combine_cases, _combine_answer, _combine_expected, _combine_judge, forbidden=FORBID_COURSE),
+    Exercise("07_rope", 2, "Rotary position embedding by hand",
+             "a function rope(x, positions) -> tensor shaped like x",
+             _rope_cases, _rope_answer, _rope_expected, _rope_judge, forbidden=FORBID_COURSE),
+    Exercise("07_which_factors_rope", 2, "Which factors get RoPE",
+             "a function rotated_qkv(A_q, B_q, A_k, B_k, A_v, B_v, start) -> (Q, K, V), each (B, L, H, d_h)",
+             _which_cases, _which_answer, _which_expected, _which_judge),
+    Exercise("07_cache_elements", 1, "TPA cache arithmetic",
+             "a function tpa_cache_elements(seq_len, num_heads, head_dim, k_rank, v_rank, batch_size) -> int",
+             _cache_cases, _cache_answer, _cache_expected, _cache_judge, forbidden=FORBID_COURSE),
+    Exercise("07_fix_seed_attention", 3, "Fix the seed's TPA attention",
+             "a function fixed_attention(Q, K, V) -> (B, L, H, d_h), causal",
+             _fix_cases, _fix_answer, _fix_expected, _fix_judge, forbidden=FORBID_SDPA + FORBID_COURSE),
+]

@@ -1,0 +1,135 @@
+"""``attn-course release [--check]``: build ``exercises/NN_*.ipynb`` from ``solutions/NN_*.ipynb``.
+
+In each exercise cell every solution region (``### BEGIN SOLUTION`` … ``### END SOLUTION``) becomes
+``raise NotImplementedError("Exercise <id>: your code here")`` at the region's indentation; the exercise
+cell and its ``check(...)`` cell lose their outputs and execution counts. Everything else (prose, figures,
+metadata, the nbgrader metadata of the exercise cells) is kept as it is. The JSON is written by
+``nbformat`` and is therefore deterministic, so ``--check`` compares file contents exactly.
+"""
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import nbformat
+
+from . import notebook as nbk
+
+__all__ = ["find_root", "release_notebook", "render", "release", "lint"]
+
+
+def find_root(start: str | Path | None = None) -> Path:
+    """The course checkout: the first directory upwards from ``start`` (default: cwd) holding
+    ``solutions/``; else the directory above the installed package (an editable install)."""
+    here = Path(start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / "solutions").is_dir():
+            return d
+    return Path(__file__).resolve().parents[2]
+
+
+def release_notebook(nb) -> nbformat.NotebookNode:
+    """The learner's version of a solutions notebook (a new object; ``nb`` is not modified)."""
+    out = copy.deepcopy(nb)
+    ids = set()
+    for cell in out.cells:
+        gid = nbk.grade_id(cell)
+        src = nbk.source_of(cell)
+        if gid is not None:
+            ids.add(gid)
+            cell.source = nbk.stub_source(src, gid)
+            cell.outputs = []
+            cell.execution_count = None
+        elif cell.cell_type != "code" and nbk.BEGIN in src:        # nbgrader-style written answer
+            cell.source = _markdown_stub(src)
+    for cell in out.cells:
+        if cell.cell_type == "code" and nbk.grade_id(cell) is None:
+            if any(step[0] == "capture" and step[1] in ids for step in nbk.split_checks(nbk.source_of(cell))):
+                cell.outputs = []
+                cell.execution_count = None
+    return out
+
+
+def _markdown_stub(src: str) -> str:
+    lines = src.split("\n")
+    out, pos = [], 0
+    for begin, end, indent in nbk.solution_regions(src):
+        out += lines[pos:begin] + [indent + "YOUR ANSWER HERE"]
+        pos = end + 1
+    return "\n".join(out + lines[pos:])
+
+
+def render(nb) -> str:
+    text = nbformat.writes(nb, version=4)
+    return text if text.endswith("\n") else text + "\n"
+
+
+def lint(nb, name: str = "") -> list[str]:
+    """Authoring problems of a solutions notebook: exercise ids unknown to the registry, points that
+    differ from ``Exercise.points``, exercise cells without a solution region or without a ``check``
+    cell, and solution regions at the top level of a cell (the released cell would raise when run)."""
+    from .exercises import registry
+    reg = registry()
+    problems = []
+    checked = {step[1] for cell in nb.cells if cell.cell_type == "code"
+               for step in nbk.split_checks(nbk.source_of(cell)) if step[0] == "capture"}
+    for gid, cell in nbk.exercise_cells(nb).items():
+        where = f"{name}: exercise {gid}"
+        src = nbk.source_of(cell)
+        try:
+            regions = nbk.solution_regions(src)
+        except ValueError as exc:
+            problems.append(f"{where}: {exc}")
+            continue
+        if not regions:
+            problems.append(f"{where}: no '{nbk.BEGIN}' region")
+        if any(indent == "" for _, _, indent in regions):
+            problems.append(f"{where}: a solution region at the top level of the cell; put it inside a "
+                            f"function so the released notebook still runs")
+        if gid not in reg:
+            problems.append(f"{where}: no Exercise with this id in attn_course.grading.exercises")
+        elif float(cell.metadata["nbgrader"].get("points", -1)) != float(reg[gid].points):
+            problems.append(f"{where}: notebook says {cell.metadata['nbgrader'].get('points')} points, "
+                            f"the Exercise says {reg[gid].points}")
+        if gid not in checked:
+            problems.append(f"{where}: no check(\"{gid}\", ...) cell")
+    return problems
+
+
+def release(root: str | Path | None = None, *, check: bool = False, stream=None) -> int:
+    """Regenerate ``exercises/`` (or, with ``check``, only compare). Returns the exit code: 1 when
+    ``check`` finds a stale, missing or orphaned exercises notebook, else 0. Authoring problems
+    (see :func:`lint`) are printed as warnings."""
+    stream = stream or sys.stdout
+    root = Path(root) if root is not None else find_root()
+    sol_dir, ex_dir = root / "solutions", root / "exercises"
+    sources = sorted(sol_dir.glob("*.ipynb"))
+    stale = []
+    for path in sources:
+        nb = nbk.read(path)
+        for problem in lint(nb, path.name):
+            print(f"warning: {problem}", file=sys.stderr)
+        text = render(release_notebook(nb))
+        target = ex_dir / path.name
+        current = target.read_text(encoding="utf-8") if target.exists() else None
+        if current == text:
+            continue
+        stale.append(target)
+        if not check:
+            ex_dir.mkdir(exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+    orphans = sorted(p for p in ex_dir.glob("*.ipynb") if not (sol_dir / p.name).exists()) if ex_dir.is_dir() else []
+    if check:
+        for p in stale:
+            print(f"stale: {p.relative_to(root)} (run `attn-course release`)", file=stream)
+        for p in orphans:
+            print(f"orphan: {p.relative_to(root)} has no solutions/{p.name}", file=stream)
+        if not stale and not orphans:
+            print(f"exercises/ is up to date ({len(sources)} notebooks)", file=stream)
+        return 1 if stale or orphans else 0
+    for p in orphans:
+        p.unlink()
+        print(f"removed {p.relative_to(root)} (no solutions/{p.name})", file=stream)
+    print(f"released {len(sources)} notebooks into exercises/ ({len(stale)} changed)", file=stream)
+    return 0

@@ -1,0 +1,506 @@
+"""``attn-course grade``: the instructor's bulk grader. Learner code is treated as hostile.
+
+For each submission the grader (this process, trusted; it never imports or executes learner code):
+
+1. reads the notebook as JSON and takes the *source* of its exercise cells, found by nbgrader
+   ``grade_id`` (outputs, tags and other metadata are ignored); picks the ``solutions/`` notebook that
+   defines those ids;
+2. rebuilds the program: every non-exercise cell of the trusted solutions notebook, the learner's
+   exercise cells in their places (a missing one becomes the released stub), and each
+   ``check("<id>", expr)`` cell turned into "capture ``expr`` for exercise ``<id>``";
+3. draws every exercise's inputs (seeded by the submission's content and the exercise id, or ``--seed``)
+   and writes them as safetensors;
+4. runs the program in a child process (:mod:`._child`): ``python -I`` (isolated), scrubbed environment,
+   a fresh temporary working directory, its own session/process group, resource limits (address space,
+   CPU seconds, file size, open files, core dumps) and a wall-clock timeout, after which the whole
+   process group is killed. A run that dies or times out costs the exercise it was working on; the
+   program is re-run without that exercise's cell for the others;
+5. loads the answers (safetensors: plain tensors, no pickle; size-capped, regular files only), validates
+   them (type, keys, dtype, shape), and compares them with references computed here on the same inputs.
+   Forbidden APIs are checked statically in the learner's source here, and at run time in the child.
+
+All output files are written after every child of the batch has been killed: ``grades.csv`` (contract
+columns), ``<student>.json`` and ``<student>.feedback.md``, each atomically (temp file + ``os.replace``).
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import notebook as nbk
+from .exercises import registry
+from .guard import static_violations
+from .release import find_root
+from .selfcheck import case_seed, judge_case
+from .spec import Case, Exercise
+
+__all__ = ["Options", "Course", "grade_batch", "grade_submission", "collect", "grade_cli"]
+
+MAX_NOTEBOOK_BYTES = 20 * 2**20        # a submission larger than this is rejected unread
+MAX_ANSWER_BYTES = 64 * 2**20          # per exercise answers file
+MAX_STATUS_BYTES = 256 * 2**10
+TAIL_CHARS = 2000                      # excerpt of the learner's output kept in the JSON
+
+
+@dataclass
+class Options:
+    timeout: float = 60.0              # wall-clock seconds per child run
+    memory_mb: int = 4096              # RLIMIT_AS of the child
+    file_mb: int = 64                  # RLIMIT_FSIZE of the child
+    seed: int | None = None            # None: from each submission's content
+    jobs: int = 1
+    python: str = sys.executable
+
+
+# ---- the course: trusted solutions notebooks -------------------------------------------------------------
+
+class Course:
+    """The trusted ``solutions/`` notebooks, indexed by the exercise ids they contain."""
+
+    def __init__(self, root: str | Path | None = None):
+        self.root = Path(root) if root is not None else find_root()
+        self.lessons: dict[str, nbk.nbformat.NotebookNode] = {}
+        self.ids: dict[str, list[str]] = {}
+        reg = registry()
+        for path in sorted((self.root / "solutions").glob("*.ipynb")):
+            nb = nbk.read(path)
+            self.lessons[path.stem] = nb
+            self.ids[path.stem] = [gid for gid in nbk.exercise_cells(nb) if gid in reg]
+        if not self.lessons:
+            raise FileNotFoundError(f"no solutions notebooks in {self.root / 'solutions'}")
+
+    def identify(self, sources: dict[str, str], stem: str) -> str | None:
+        """The lesson whose exercise ids overlap the submission's most (ties: the lesson whose number
+        starts the file name, then the first lesson); None when no id is known."""
+        best, best_key = None, (0, False)
+        for lesson, ids in self.ids.items():
+            key = (len(set(ids) & set(sources)), stem.startswith(lesson[:3]))
+            if key[0] > 0 and key > best_key:
+                best, best_key = lesson, key
+        return best
+
+    def max_score(self, lesson: str) -> float:
+        reg = registry()
+        return float(sum(reg[i].points for i in self.ids[lesson]))
+
+    def program(self, lesson: str, sources: dict[str, str], skip: dict[str, str] | set[str] = (),
+                capture: set[str] | None = None) -> list[dict]:
+        """The steps the child runs: trusted cells, the learner's exercise cells (except those in ``skip``)
+        and a capture at each ``check`` of an exercise in ``capture`` (default: every one not skipped)."""
+        reg = registry()
+        steps: list[dict] = []
+        for n, cell in enumerate(self.lessons[lesson].cells):
+            if cell.cell_type != "code":
+                continue
+            gid = nbk.grade_id(cell)
+            if gid in reg:
+                if gid in skip:
+                    continue
+                src = sources.get(gid)
+                if src is None:
+                    src = nbk.stub_source(nbk.source_of(cell), gid)
+                steps.append({"kind": "code", "source": nbk.strip_magics(src), "label": f"<exercise {gid}>",
+                              "exercise": gid})
+                continue
+            for step in nbk.split_checks(nbk.source_of(cell)):
+                if step[0] == "code":
+                    steps.append({"kind": "code", "source": step[1], "label": f"<cell {n}>"})
+                elif step[1] in self.ids[lesson] and step[1] not in skip and (capture is None or step[1] in capture):
+                    steps.append({"kind": "capture", "id": step[1], "expr": step[2]})
+        return steps
+
+
+# ---- one child run ---------------------------------------------------------------------------------------
+
+@dataclass
+class RunOutcome:
+    finished: bool                     # the program ran to its end (as far as the files say)
+    timed_out: bool
+    returncode: int | None
+    answers: dict[str, tuple[dict, dict[str, torch.Tensor]]]      # id -> (status, tensors)
+    output_tail: str
+    seconds: float
+
+
+def _nproc_limit() -> int | None:
+    """RLIMIT_NPROC counts every process of the user: allow what runs now plus a margin (root ignores it)."""
+    if not hasattr(os, "getuid") or os.getuid() == 0 or not os.path.isdir("/proc"):
+        return None
+    uid, count = str(os.getuid()), 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            continue
+        m_uid = re.search(r"^Uid:\s+(\d+)", text, re.M)
+        m_thr = re.search(r"^Threads:\s+(\d+)", text, re.M)
+        if m_uid and m_uid.group(1) == uid:
+            count += int(m_thr.group(1)) if m_thr else 1
+    return count + 64
+
+
+def _read_capped(path: Path, cap: int) -> bytes | None:
+    """The bytes of a regular file (no symlink) of at most ``cap`` bytes, else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        import stat
+        if not stat.S_ISREG(st.st_mode) or st.st_size > cap:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            fd = None
+            data = f.read(cap + 1)
+        return data if len(data) <= cap else None
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _load_answers(out: Path, ex_id: str) -> tuple[dict, dict[str, torch.Tensor]] | None:
+    from safetensors.torch import load
+    raw_status = _read_capped(out / f"{ex_id}.json", MAX_STATUS_BYTES)
+    raw = _read_capped(out / f"{ex_id}.safetensors", MAX_ANSWER_BYTES)
+    if raw_status is None or raw is None:
+        return None
+    try:
+        status = json.loads(raw_status)
+        tensors = load(raw)
+    except Exception:
+        return None
+    if not isinstance(status, dict) or not isinstance(tensors, dict):
+        return None
+    return status, tensors
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, 9)
+    except (ProcessLookupError, PermissionError, AttributeError, OSError):
+        pass
+
+
+def run_child(steps: list[dict], cases: dict[str, list[Case]], opts: Options) -> RunOutcome:
+    """Run ``steps`` in a sandboxed child; return whatever answers it left behind."""
+    from safetensors.torch import save_file
+    job = Path(tempfile.mkdtemp(prefix="attn-grade-"))
+    try:
+        (job / "inputs").mkdir()
+        (job / "out").mkdir()
+        (job / "work").mkdir()
+        for ex_id, cs in cases.items():
+            flat = {f"{i}/{k}": v.detach().cpu().contiguous().clone() for i, c in enumerate(cs)
+                    for k, v in c.inputs.items()}
+            save_file(flat, str(job / "inputs" / f"{ex_id}.safetensors"))
+        program = {
+            "steps": steps,
+            "cases": {ex_id: [{"name": c.name, "params": c.params} for c in cs] for ex_id, cs in cases.items()},
+            "limits": {"memory_mb": opts.memory_mb, "cpu_s": int(opts.timeout) + 2, "file_mb": opts.file_mb,
+                       "nofile": 256, "nproc": _nproc_limit()},
+        }
+        (job / "program.json").write_text(json.dumps(program), encoding="utf-8")
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(job / "work"), "TMPDIR": str(job / "work"),
+               "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1",
+               "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+        if os.name == "nt":
+            env["SYSTEMROOT"] = os.environ.get("SYSTEMROOT", "")
+        cmd = [opts.python, "-I", "-m", "attn_course.grading._child", str(job)]
+        t0 = time.monotonic()
+        with open(job / "output.txt", "wb") as log:
+            proc = subprocess.Popen(cmd, cwd=job / "work", env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=(os.name != "nt"))
+            timed_out = False
+            try:
+                proc.wait(timeout=opts.timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:
+                _kill_group(proc)                         # the child and anything it started
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+        seconds = time.monotonic() - t0
+        answers = {}
+        for ex_id in cases:
+            loaded = _load_answers(job / "out", ex_id)
+            if loaded is not None:
+                answers[ex_id] = loaded
+        done = (job / "out" / "done").is_file()
+        tail = (_read_capped(job / "output.txt", 2**31) or b"")[-TAIL_CHARS:].decode("utf-8", "replace")
+        return RunOutcome(done and not timed_out and proc.returncode == 0, timed_out, proc.returncode,
+                          answers, tail, seconds)
+    finally:
+        shutil.rmtree(job, ignore_errors=True)
+
+
+# ---- grading one submission ------------------------------------------------------------------------------
+
+@dataclass
+class Submission:
+    path: Path
+    student_id: str
+
+
+def _case_results(ex: Exercise, cases: list[Case], status: dict, tensors: dict) -> list[dict]:
+    entries = status.get("cases") if isinstance(status.get("cases"), list) else []
+    results = []
+    for i, case in enumerate(cases):
+        entry = entries[i] if i < len(entries) and isinstance(entries[i], dict) else {}
+        kind = entry.get("status")
+        if kind == "not attempted":
+            results.append({"name": case.name, "ok": False, "hint": "not attempted"})
+            continue
+        if kind == "error":
+            results.append({"name": case.name, "ok": False, "hint": _short(entry.get("error", "error"))})
+            continue
+        prefix = f"{i}/"
+        got = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+        if kind != "ok" or not got:
+            results.append({"name": case.name, "ok": False, "hint": "no answer"})
+            continue
+        want = ex.expected(case)
+        r = judge_case(ex, got, want, case)
+        results.append({"name": case.name, "ok": r.ok, "hint": r.message})
+    return results
+
+
+def _short(text, n: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def grade_submission(sub: Submission, course: Course, opts: Options) -> dict:
+    """Grade one submission; never raises. Returns the report written to ``<student>.json``."""
+    report: dict = {"student_id": sub.student_id, "submission": str(sub.path), "lesson": None,
+                    "total": 0.0, "max_score": 0.0, "error": None, "exercises": {}}
+    t0 = time.monotonic()
+    try:
+        _grade_into(report, sub, course, opts)
+    except Exception as exc:                               # a grader bug must not stop the batch
+        report["error"] = f"internal grader error: {type(exc).__name__}: {_short(exc)}"
+        report["total"] = 0.0
+    report["_seconds"] = time.monotonic() - t0
+    return report
+
+
+def _grade_into(report: dict, sub: Submission, course: Course, opts: Options) -> None:
+    if sub.path.suffix != ".ipynb":
+        report["error"] = f"not a notebook ({sub.path.name})"
+        return
+    raw = _read_capped(sub.path, MAX_NOTEBOOK_BYTES)
+    if raw is None:
+        report["error"] = f"unreadable, not a regular file, or larger than {MAX_NOTEBOOK_BYTES // 2**20} MiB"
+        return
+    try:
+        sources = nbk.submission_sources(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        report["error"] = _short(exc)
+        return
+    lesson = course.identify(sources, sub.path.stem)
+    if lesson is None:
+        report["error"] = "no exercise of this course found (no known nbgrader grade_id)"
+        return
+    reg = registry()
+    ids = course.ids[lesson]
+    report["lesson"] = lesson
+    report["max_score"] = course.max_score(lesson)
+    base = opts.seed if opts.seed is not None else int(hashlib.sha256(raw).hexdigest()[:15], 16)
+    report["seed"] = base
+    cases = {i: reg[i].cases(torch.Generator().manual_seed(case_seed(i, base))) for i in ids}
+
+    static = {i: static_violations(nbk.strip_magics(sources[i]), reg[i].forbidden) for i in ids if i in sources}
+    skip: dict[str, str] = {}
+    answers: dict[str, tuple[dict, dict]] = {}
+    tail = ""
+    runs = []
+    for _ in range(len(ids) + 1):
+        todo = {i: cases[i] for i in ids if i not in answers and i not in skip}
+        if not todo:
+            break
+        outcome = run_child(course.program(lesson, sources, skip, set(todo)), todo, opts)
+        runs.append(round(outcome.seconds, 3))
+        tail = outcome.output_tail
+        for i, a in outcome.answers.items():
+            answers.setdefault(i, a)
+        if outcome.finished:
+            break
+        pending = [i for i in ids if i not in answers and i not in skip]
+        if not pending:
+            break
+        skip[pending[0]] = ("ran past the time limit" if outcome.timed_out else
+                            f"crashed the grading process (exit status {outcome.returncode})")
+    report["runs"] = len(runs)
+
+    for i in ids:
+        ex = reg[i]
+        entry: dict = {"title": ex.title, "points": 0.0, "max_points": float(ex.points), "status": "graded",
+                       "cases": [], "notes": []}
+        report["exercises"][i] = entry
+        if i not in sources:
+            entry["status"] = "missing"
+            entry["notes"].append("no exercise cell with this grade_id in the submission")
+        if i in skip:
+            entry["status"] = "failed"
+            entry["notes"].append(f"your code {skip[i]}; this exercise gets 0 points")
+            continue
+        if i not in answers:
+            entry["status"] = "failed"
+            entry["notes"].append("no answer came back from the grading process")
+            continue
+        status, tensors = answers[i]
+        if status.get("cell_error"):
+            entry["notes"].append(f"your cell raised {_short(status['cell_error'])}")
+        if status.get("capture_error"):
+            entry["notes"].append(f"the object to check was not defined: {_short(status['capture_error'])}")
+        entry["cases"] = _case_results(ex, cases[i], status, tensors)
+        used = sorted(set(static.get(i, [])) | {str(v) for v in status.get("violations", []) if isinstance(v, str)}
+                      & set(ex.forbidden))
+        if used:
+            entry["status"] = "forbidden"
+            entry["notes"].append(f"uses {', '.join(used)}, which this exercise forbids: 0 points")
+            continue
+        if entry["cases"] and all(c["hint"] == "not attempted" for c in entry["cases"]):
+            entry["status"] = "not attempted"
+        entry["points"] = ex.score(sum(c["ok"] for c in entry["cases"]), len(entry["cases"]))
+    report["total"] = float(sum(e["points"] for e in report["exercises"].values()))
+    report["output_tail"] = tail
+    report["_runs_seconds"] = runs
+
+
+# ---- the batch -------------------------------------------------------------------------------------------
+
+def collect(paths: list[str | Path]) -> list[Submission]:
+    """Files as given; folders: every file inside (recursively, sorted; hidden files and
+    ``.ipynb_checkpoints`` skipped). Student ids are file stems, made unique with ``_2``, ``_3`` …"""
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            for f in sorted(p.rglob("*")):
+                rel = f.relative_to(p).parts
+                if f.is_file() and not any(part.startswith(".") for part in rel):
+                    files.append(f)
+        else:
+            files.append(p)
+    subs, seen = [], {}
+    for f in files:
+        stem = f.stem if f.suffix == ".ipynb" else f.name.split(".")[0] or f.name
+        n = seen.get(stem, 0) + 1
+        seen[stem] = n
+        subs.append(Submission(f, stem if n == 1 else f"{stem}_{n}"))
+    return subs
+
+
+def _safe_name(student_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", student_id).lstrip(".") or "student"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+def feedback_text(report: dict) -> str:
+    """The learner-facing feedback file (markdown)."""
+    lines = [f"# Feedback for {report['student_id']}", ""]
+    if report["error"]:
+        lines += [f"**This submission could not be graded:** {report['error']}", "",
+                  f"Score: 0 / {_fmt(report['max_score'])}", ""]
+        return "\n".join(lines)
+    lines += [f"Lesson: `{report['lesson']}` — score **{_fmt(report['total'])} / {_fmt(report['max_score'])}**", ""]
+    for ex_id, e in report["exercises"].items():
+        lines.append(f"## {ex_id} — {e['title']}: {_fmt(e['points'])} / {_fmt(e['max_points'])}")
+        for note in e["notes"]:
+            lines.append(f"- note: {note}")
+        if e["status"] == "not attempted":
+            lines += ["- not attempted", ""]
+            continue
+        for c in e["cases"]:
+            lines.append(f"- {'✓' if c['ok'] else '✗'} {c['name']}" + ("" if c["ok"] else f": {c['hint']}"))
+        lines.append("")
+    lines.append("Inputs were drawn at grading time; your notebook's own outputs were not used.")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(reports: list[dict], course: Course, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    lessons = [lesson for lesson in course.ids if any(r["lesson"] == lesson for r in reports)]
+    columns = [i for lesson in lessons for i in course.ids[lesson]]
+    default_max = course.max_score(lessons[0]) if len(lessons) == 1 else 0.0
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["student_id", *columns, "total", "max_score"])
+    for r in reports:
+        if r["lesson"] is None:
+            row = ["0"] * len(columns) + ["0", _fmt(default_max)]
+        else:
+            row = [_fmt(r["exercises"][c]["points"]) if c in r["exercises"] else "" for c in columns]
+            row += [_fmt(r["total"]), _fmt(r["max_score"])]
+        w.writerow([r["student_id"], *row])
+        public = {k: v for k, v in r.items() if not k.startswith("_")}
+        name = _safe_name(r["student_id"])
+        _write_atomic(out / f"{name}.json", json.dumps(public, indent=2, ensure_ascii=False) + "\n")
+        _write_atomic(out / f"{name}.feedback.md", feedback_text(r))
+    _write_atomic(out / "grades.csv", buf.getvalue())
+    return out / "grades.csv"
+
+
+def grade_batch(paths: list[str | Path], out: str | Path, opts: Options | None = None,
+                root: str | Path | None = None, progress: bool = True) -> list[dict]:
+    """Grade every submission under ``paths`` into ``out``; returns the reports in input order."""
+    from tqdm.auto import tqdm
+    opts = opts or Options()
+    course = Course(root)
+    subs = collect(paths)
+    reports: list[dict | None] = [None] * len(subs)
+    with ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool, \
+            tqdm(total=len(subs), desc="grading", unit="notebook", disable=not progress) as bar:
+        futures = {pool.submit(grade_submission, s, course, opts): n for n, s in enumerate(subs)}
+        for fut in as_completed(futures):
+            reports[futures[fut]] = fut.result()
+            bar.update(1)
+    write_outputs(reports, course, Path(out))
+    return reports
+
+
+def grade_cli(args) -> int:
+    subs_given = [p for p in args.submissions if not Path(p).exists()]
+    if subs_given:
+        print(f"attn-course grade: no such file or folder: {', '.join(subs_given)}", file=sys.stderr)
+        return 2
+    opts = Options(timeout=args.timeout, memory_mb=args.memory, seed=args.seed, jobs=args.jobs)
+    t0 = time.monotonic()
+    reports = grade_batch(args.submissions, args.out, opts, root=args.root, progress=not args.quiet)
+    elapsed = time.monotonic() - t0
+    errors = [r for r in reports if r["error"]]
+    per = [r["_seconds"] for r in reports if not r["error"]]
+    print(f"graded {len(reports)} submission(s) in {elapsed:.1f} s"
+          + (f" ({sum(per) / len(per):.1f} s each on average, {opts.jobs} in parallel)" if per else "")
+          + f"; results in {Path(args.out) / 'grades.csv'}", file=sys.stderr)
+    for r in errors:
+        print(f"  error: {r['student_id']}: {r['error']}", file=sys.stderr)
+    return 0

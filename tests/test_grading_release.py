@@ -1,0 +1,135 @@
+"""``attn-course release [--check]`` and the notebook helpers it is built on."""
+import importlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from attn_course.grading import notebook as nbk
+from attn_course.grading.release import release, release_notebook, render
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SOLUTION = '''def f(x):
+    """Doc."""
+    y = 1
+    ### BEGIN SOLUTION
+    z = x + y
+    return z
+    ### END SOLUTION
+
+class A:
+    def g(self):
+        ### BEGIN SOLUTION
+        return 2
+        ### END SOLUTION'''
+
+
+def test_stub_keeps_lines_outside_regions_and_indentation():
+    stub = nbk.stub_source(SOLUTION, "01_x")
+    assert stub == '''def f(x):
+    """Doc."""
+    y = 1
+    raise NotImplementedError("Exercise 01_x: your code here")
+
+class A:
+    def g(self):
+        raise NotImplementedError("Exercise 01_x: your code here")'''
+    compile(stub, "<stub>", "exec")
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("### BEGIN SOLUTION\nx = 1", "never closed"),
+    ("x = 1\n### END SOLUTION", "without"),
+    ("### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION", "inside another"),
+])
+def test_unbalanced_markers_raise(bad, message):
+    with pytest.raises(ValueError, match=message):
+        nbk.stub_source(bad, "01_x")
+
+
+def test_split_checks():
+    src = 'import torch\nx = 1\ncheck("01_a", f)\ny = 2\ncheck("01_b", g.h)'
+    assert nbk.split_checks(src) == [("code", "import torch\nx = 1"), ("capture", "01_a", "f"),
+                                     ("code", "y = 2"), ("capture", "01_b", "g.h")]
+    assert nbk.split_checks("%time x = 1\nprint(x)") == [("code", "pass\nprint(x)")]
+    assert nbk.split_checks('check(name, f)') == [("code", "check(name, f)")]      # not a literal id
+
+
+def _toy_notebook():
+    ex_meta = {"nbgrader": {"grade_id": "01_attention_by_hand", "solution": True, "grade": False,
+                            "locked": False, "points": 3, "schema_version": 3, "task": False}}
+    ex = new_code_cell(SOLUTION, metadata=ex_meta, execution_count=3,
+                       outputs=[new_output("stream", name="stdout", text="hi\n")])
+    chk = new_code_cell('check("01_attention_by_hand", f)', execution_count=4,
+                        outputs=[new_output("stream", name="stdout", text="✓\n")])
+    other = new_code_cell("print(1)", execution_count=5, outputs=[new_output("stream", name="stdout", text="1\n")])
+    md = new_markdown_cell("Prose ### BEGIN SOLUTION? no, just prose.")
+    answer = new_markdown_cell("Explain:\n### BEGIN SOLUTION\nbecause.\n### END SOLUTION")
+    return new_notebook(cells=[md, ex, chk, other, answer], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+
+
+def test_release_notebook():
+    nb = _toy_notebook()
+    before = nbformat.writes(nb)
+    out = release_notebook(nb)
+    assert nbformat.writes(nb) == before                         # input untouched
+    md, ex, chk, other, answer = out.cells
+    assert ex.source == nbk.stub_source(SOLUTION, "01_attention_by_hand")
+    assert ex.outputs == [] and ex.execution_count is None and ex.metadata == nb.cells[1].metadata
+    assert chk.outputs == [] and chk.execution_count is None and chk.source == nb.cells[2].source
+    assert other == nb.cells[3] and md == nb.cells[0] and out.metadata == nb.metadata
+    assert answer.source == "Explain:\nYOUR ANSWER HERE"
+    assert render(out) == render(release_notebook(nb))           # deterministic
+
+
+def test_release_and_check_on_a_copy(tmp_path, capsys):
+    (tmp_path / "solutions").mkdir()
+    nbformat.write(_toy_notebook(), str(tmp_path / "solutions" / "01_toy.ipynb"))
+    assert release(tmp_path, check=True) == 1                    # exercises/ missing: stale
+    assert release(tmp_path) == 0
+    assert release(tmp_path, check=True) == 0
+    target = tmp_path / "exercises" / "01_toy.ipynb"
+    target.write_text(target.read_text().replace("Prose", "Edited prose"))
+    assert release(tmp_path, check=True) == 1
+    assert "stale: exercises/01_toy.ipynb" in capsys.readouterr().out
+    assert release(tmp_path) == 0 and release(tmp_path, check=True) == 0
+    (tmp_path / "exercises" / "99_orphan.ipynb").write_text("{}")
+    assert release(tmp_path, check=True) == 1
+    assert "orphan: exercises/99_orphan.ipynb" in capsys.readouterr().out
+    assert release(tmp_path) == 0 and not (tmp_path / "exercises" / "99_orphan.ipynb").exists()
+
+
+def test_cli_release_check_on_the_course():
+    """The repository's exercises/ are up to date (what `make test` runs first)."""
+    proc = subprocess.run([sys.executable, "-m", "attn_course.grading.cli", "release", "--check"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "up to date" in proc.stdout
+
+
+def test_cli_release_check_detects_stale(tmp_path, capsys):
+    from attn_course.grading.cli import main
+    shutil.copytree(ROOT / "solutions", tmp_path / "solutions")
+    shutil.copytree(ROOT / "exercises", tmp_path / "exercises")
+    victim = sorted((tmp_path / "exercises").glob("*.ipynb"))[0]
+    victim.write_text(victim.read_text().replace("raise NotImplementedError", "pass  # edited by hand", 1))
+    assert main(["release", "--check", "--root", str(tmp_path)]) == 1
+    assert f"stale: exercises/{victim.name}" in capsys.readouterr().out
+
+
+def test_cli_bench_without_module_is_clear(monkeypatch, capsys):
+    import importlib.util
+    from attn_course.grading import cli
+    if importlib.util.find_spec("attn_course.bench") is None:
+        assert cli.main(["bench"]) == 2
+        assert "attn_course.bench is not installed" in capsys.readouterr().err
+    else:
+        calls = []
+        monkeypatch.setattr(importlib.import_module("attn_course.bench"), "main", lambda argv: calls.append(argv))
+        assert cli.main(["bench", "--x", "1"]) == 0 and calls == [["--x", "1"]]
+
