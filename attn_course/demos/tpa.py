@@ -1,0 +1,130 @@
+"""Lesson 07 demos: GQA written as a (non-contextual) TPA, and a tiny causal task to train TPA, MHA, GQA
+and MQA on, with the cache each one holds while decoding.
+
+The task, "reverse after the separator": a sequence s_0..s_{n-1} of random symbols, then SEP, then the
+model must emit s_{n-1}, ..., s_0 one token per position (teacher forcing, causal attention). The
+query at output position n+i must look at input position n-1-i, so a trained layer draws an
+anti-diagonal in the lower-left block of its attention map.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..gqa import GroupedQueryAttention, KVCache
+from ..tpa import TensorProductAttention, TPACache
+from ._train import fit, token_accuracy
+
+__all__ = ["with_constant_channel", "tpa_from_gqa", "reverse_batch", "TinyLM", "make_model", "KINDS",
+           "train_and_measure"]
+
+
+def with_constant_channel(x: torch.Tensor) -> torch.Tensor:
+    """``(B, L, d) -> (B, L, d + 1)``: append a channel that is always 1 (the bias trick)."""
+    return torch.cat((x, torch.ones_like(x[..., :1])), dim=-1)
+
+
+@torch.no_grad()
+def tpa_from_gqa(gqa: GroupedQueryAttention) -> TensorProductAttention:
+    """A TPA (``rope=False``) whose output on ``with_constant_channel(x)`` is ``[gqa(x), 0]``.
+
+    The paper (§4) writes MHA/MQA/GQA as TPA whose head factors are *constants*: with R_k = H_kv and
+    ``A_k[h, r] = R_k · 1[r == h // G]`` (G = H / H_kv), ``(1/R_k) Σ_r A_k[h, r] B_k[r] = B_k[h // G]``, so
+    K head h is kv head h // G; with ``B_k[r] = W_k[r] x`` that is exactly GQA's key. Q uses R_q = H and
+    ``A_q[h, r] = H · 1[r == h]``; V as K. A bias-free linear layer of x cannot output a constant, so we
+    feed it one: the last input channel is always 1, and only the A layers read it (only the B layers
+    read x). The output projection is GQA's, with a zero row for the extra channel.
+    """
+    H, Hkv, d, D = gqa.num_heads, gqa.num_kv_heads, gqa.head_dim, gqa.d_model
+    G = H // Hkv
+    tpa = TensorProductAttention(D + 1, H, d, q_rank=H, k_rank=Hkv, v_rank=Hkv, rope=False)
+    for W in tpa.parameters():
+        W.zero_()
+    heads = torch.arange(H)
+    # A layers: weight rows are (h, r) head-major; only the constant channel (last column) is used.
+    tpa.W_A_q.weight.view(H, H, D + 1)[heads, heads, D] = float(H)           # A_q[h, r] = H·1[r == h]
+    for W_A in (tpa.W_A_k, tpa.W_A_v):
+        W_A.weight.view(H, Hkv, D + 1)[heads, heads // G, D] = float(Hkv)     # A[h, r] = R·1[r == h // G]
+    # B layers: rank r's token factor is head r's projection of x (rows (r, d) match GQA's (h, d)).
+    tpa.W_B_q.weight[:, :D] = gqa.q_proj.weight
+    tpa.W_B_k.weight[:, :D] = gqa.k_proj.weight
+    tpa.W_B_v.weight[:, :D] = gqa.v_proj.weight
+    tpa.out_proj.weight[:D] = gqa.out_proj.weight
+    return tpa.to(gqa.q_proj.weight)                                     # GQA's device and dtype
+
+
+def reverse_batch(gen: torch.Generator, batch: int = 64, n: int = 8, vocab: int = 10):
+    """Inputs ``(batch, 2n)`` and targets ``(batch, 2n)`` (-100 where nothing is predicted).
+
+    Symbols are 0..vocab-1 and SEP = vocab. Input: ``s_0..s_{n-1}, SEP, s_{n-1}, ..., s_1``; position
+    n+i (SEP for i = 0) predicts ``s_{n-1-i}``, i.e. must look back at position n-1-i.
+    """
+    s = torch.randint(0, vocab, (batch, n), generator=gen)
+    rev = s.flip(-1)                                                       # s_{n-1}, ..., s_0
+    sep = torch.full((batch, 1), vocab)
+    x = torch.cat((s, sep, rev[:, :-1]), dim=1)                            # (batch, 2n)
+    y = torch.cat((torch.full((batch, n), -100), rev), dim=1)              # (batch, 2n)
+    return x, y
+
+
+class TinyLM(nn.Module):
+    """Token + learned position embeddings, ONE causal attention layer (any of the course's modules
+    taking ``(x, is_causal=True)``), a small MLP, and a read-out: enough for ``reverse_batch``."""
+
+    def __init__(self, attn: nn.Module, d_model: int, vocab: int = 11, max_len: int = 16):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(max_len, d_model)
+        self.attn = attn
+        self.mlp = nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, 4 * d_model), nn.GELU(),
+                                 nn.Linear(4 * d_model, d_model))
+        self.head = nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, vocab))
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tok(x) + self.pos(torch.arange(x.shape[1], device=x.device))   # (B, L, d_model)
+
+    def forward(self, x: torch.Tensor, *, need_weights: bool = False):
+        h = self.embed(x)
+        a, w = self.attn(h, is_causal=True, need_weights=need_weights)
+        h = h + a
+        logits = self.head(h + self.mlp(h))                                         # (B, L, vocab)
+        return (logits, w) if need_weights else logits
+
+
+# name -> (attention factory for d_model, cache class): one row per mechanism compared in the lesson
+KINDS = {
+    "MHA (H_kv=4)": lambda d: GroupedQueryAttention(d, 4, 4),
+    "GQA (H_kv=2)": lambda d: GroupedQueryAttention(d, 4, 2),
+    "MQA (H_kv=1)": lambda d: GroupedQueryAttention(d, 4, 1),
+    "TPA (R=6,2,2)": lambda d: TensorProductAttention(d, 4, d // 4, q_rank=6, k_rank=2, v_rank=2),
+    "TPA (R=2,1,1)": lambda d: TensorProductAttention(d, 4, d // 4, q_rank=2, k_rank=1, v_rank=1),
+}
+
+
+def make_model(kind: str, d_model: int = 32, seed: int = 0) -> TinyLM:
+    """A freshly initialised :class:`TinyLM` with the attention named ``kind`` (a key of ``KINDS``)."""
+    torch.manual_seed(seed)
+    return TinyLM(KINDS[kind](d_model), d_model)
+
+
+@torch.no_grad()
+def cache_elements_per_token(attn: nn.Module, h: torch.Tensor) -> float:
+    """Decode ``h (B, L, d_model)`` token by token with the module's cache; return the elements the
+    cache holds per token (measured: ``nbytes`` of the real cache tensors / (B · L · bytes per element))."""
+    cache = TPACache() if isinstance(attn, TensorProductAttention) else KVCache()
+    for t in range(h.shape[1]):
+        attn(h[:, t:t + 1], is_causal=True, cache=cache)
+    return cache.nbytes() / (h.shape[0] * h.shape[1] * h.element_size())
+
+
+def train_and_measure(kind: str, *, steps: int = 300, d_model: int = 32, seed: int = 0, progress: bool = True):
+    """Train ``make_model(kind)`` on ``reverse_batch``; return ``(model, accuracy, cache elements/token)``.
+
+    Accuracy is the token accuracy on the reversed half of 512 fresh sequences (a different seed)."""
+    model = make_model(kind, d_model, seed)
+    fit(model, lambda g: reverse_batch(g), steps=steps, lr=1e-2, seed=seed, progress=progress, desc=kind)
+    x, y = reverse_batch(torch.Generator().manual_seed(seed + 1000), batch=512)
+    with torch.no_grad():
+        acc = token_accuracy(model(x), y)
+        per_token = cache_elements_per_token(model.attn, model.embed(x[:8]))
+    return model, acc, per_token

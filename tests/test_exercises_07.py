@@ -1,0 +1,211 @@
+"""Exercise set 07: the reference solutions pass every case; each common mistake fails with its hint."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attn_course import TensorProductAttention, kv_cache_bytes
+from attn_course.grading.exercises import get
+from attn_course.grading.selfcheck import judge_case
+from attn_course.rope import apply_rope
+from attn_course.tpa import combine_factors
+
+
+def results(ex_id, fn, seed=0):
+    ex = get(ex_id)
+    out = []
+    for case in ex.cases(torch.Generator().manual_seed(seed)):
+        try:
+            got = ex.answer(fn, case)
+        except Exception as exc:          # a mistake may crash on some case: that case fails
+            out.append((False, f"{type(exc).__name__}: {exc}"))
+            continue
+        r = judge_case(ex, got, ex.expected(case), case)
+        out.append((r.ok, r.message))
+    return out
+
+
+def assert_all_pass(ex_id, fn):
+    for seed in (0, 1, 2):
+        res = results(ex_id, fn, seed)
+        assert res and all(ok for ok, _ in res), res
+
+
+def assert_hint(ex_id, fn, hint):
+    """Some case fails, and every failing case names ``hint``."""
+    res = results(ex_id, fn)
+    assert not all(ok for ok, _ in res), res
+    assert all(hint in msg for ok, msg in res if not ok), res
+
+
+# ---- 07_tpa_combine ----------------------------------------------------------------------------------
+
+def combine(a, b, H, R, *, head_major=True, scale="R"):
+    Bs, L, _ = a.shape
+    A = a.view(Bs, L, H, R) if head_major else a.view(Bs, L, R, H).transpose(-2, -1)
+    out = torch.einsum("blhr,blrd->blhd", A, b.view(Bs, L, R, -1))
+    return out / {"R": R, "sqrtR": math.sqrt(R), "none": 1}[scale]
+
+
+def test_combine_reference_passes_and_matches_package():
+    assert_all_pass("07_tpa_combine", combine)
+    ex = get("07_tpa_combine")
+    for case in ex.cases(torch.Generator().manual_seed(0)):          # the exercise agrees with the package
+        a, b, H, R = case.inputs["a"], case.inputs["b"], case.params["H"], case.params["R"]
+        Bs, L, _ = a.shape
+        torch.testing.assert_close(ex.expected(case)["out"],
+                                   combine_factors(a.view(Bs, L, H, R), b.view(Bs, L, R, -1)))
+
+
+@pytest.mark.parametrize("mistake, hint", [
+    (dict(scale="none"), "without dividing by R"),
+    (dict(scale="sqrtR"), "not 1/√R"),
+    (dict(head_major=False), "head-major"),
+    (dict(head_major=False, scale="none"), "the scale 1/R is missing too"),
+])
+def test_combine_mistakes_hinted(mistake, hint):
+    assert_hint("07_tpa_combine", lambda a, b, H, R: combine(a, b, H, R, **mistake), hint)
+
+
+# ---- 07_rope -----------------------------------------------------------------------------------------
+
+def rope(x, positions, *, interleaved=False, sign=1.0, two=True, ignore_positions=False):
+    d = x.shape[-1]
+    if ignore_positions:
+        positions = torch.arange(x.shape[-2])
+    theta = 10000.0 ** (-(2 if two else 1) * torch.arange(d // 2) / d)
+    ang = positions[:, None] * theta
+    cos, sin = ang.cos(), sign * ang.sin()
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1).flatten(-2)
+    cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+    return x * cos + torch.cat((-x[..., d // 2:], x[..., : d // 2]), -1) * sin
+
+
+def test_rope_reference_passes_and_matches_package():
+    assert_all_pass("07_rope", rope)
+    assert_all_pass("07_rope", apply_rope)
+
+
+@pytest.mark.parametrize("mistake, hint", [
+    (dict(interleaved=True), "paired neighbours"),
+    (dict(sign=-1.0), "rotate the wrong way"),
+    (dict(two=False), "base^(-i/d)"),
+    (dict(ignore_positions=True), "ignored the given positions"),
+])
+def test_rope_mistakes_hinted(mistake, hint):
+    assert_hint("07_rope", lambda x, p: rope(x, p, **mistake), hint)
+
+
+# ---- 07_which_factors_rope ---------------------------------------------------------------------------
+
+def rotated_qkv(A_q, B_q, A_k, B_k, A_v, B_v, start, *, rotate="qk", zero_start=False, rank_axis=False):
+    L = A_q.shape[1]
+    pos = torch.arange(0 if zero_start else start, (0 if zero_start else start) + L)
+
+    def rot(B):
+        return apply_rope(B) if rank_axis else apply_rope(B.transpose(1, 2), pos).transpose(1, 2)
+    Bs = {"q": B_q, "k": B_k, "v": B_v}
+    return tuple(combine_factors(A, rot(Bs[n]) if n in rotate else Bs[n])
+                 for n, A in zip("qkv", (A_q, A_k, A_v)))
+
+
+def test_which_factors_reference_passes():
+    assert_all_pass("07_which_factors_rope", rotated_qkv)
+
+
+def test_which_factors_agrees_with_module():
+    """The exercise's reference is what TensorProductAttention computes from the same factors."""
+    torch.manual_seed(0)
+    m = TensorProductAttention(16, 4, 8, 6, 2, 2)
+    x = torch.randn(2, 5, 16)
+    f = m.factors(x, torch.arange(3, 8))
+    raw = {n: rearr for n, rearr in (("B_q", m.W_B_q(x).view(2, 5, 6, 8)), ("B_k", m.W_B_k(x).view(2, 5, 2, 8)))}
+    q, k, _ = rotated_qkv(f["A_q"], raw["B_q"], f["A_k"], raw["B_k"], f["A_v"], f["B_v"], 3)
+    torch.testing.assert_close(q, combine_factors(f["A_q"], f["B_q"]))
+    torch.testing.assert_close(k, combine_factors(f["A_k"], f["B_k"]))
+
+
+@pytest.mark.parametrize("mistake, hint", [
+    (dict(rotate="qkv"), "values get no RoPE"),
+    (dict(rotate=""), "not rotated at all"),
+    (dict(rotate="k"), "only K is rotated"),
+    (dict(rotate="q"), "only Q is rotated"),
+    (dict(rank_axis=True), "rotated along the rank axis"),
+    (dict(zero_start=True), "must start at `start`"),
+])
+def test_which_factors_mistakes_hinted(mistake, hint):
+    assert_hint("07_which_factors_rope", lambda *a: rotated_qkv(*a, **mistake), hint)
+
+
+# ---- 07_cache_elements -------------------------------------------------------------------------------
+
+def tpa_cache_elements(seq_len, num_heads, head_dim, k_rank, v_rank, batch_size):
+    return batch_size * seq_len * (k_rank + v_rank) * (num_heads + head_dim)
+
+
+def test_cache_reference_passes_and_agrees_with_kv_cache_bytes():
+    assert_all_pass("07_cache_elements", tpa_cache_elements)
+    assert_all_pass("07_cache_elements", lambda **p: kv_cache_bytes("tpa", dtype=torch.float16, **p) // 2)
+
+
+def test_cache_seed_numbers():
+    """The seed's example: the correct TPA cache is 311,296 elements, not 589,824 (nor 622,592)."""
+    assert tpa_cache_elements(1024, 12, 64, 2, 2, 1) == 311_296
+
+
+@pytest.mark.parametrize("mistake, hint", [
+    (lambda s, H, d, rk, rv, b: 2 * b * s * (rk + rv) * (H + d), "counted keys and values twice"),
+    (lambda s, H, d, rk, rv, b: b * s * 2 * H * d, "that is the MHA cache"),
+    (lambda s, H, d, rk, rv, b: b * s * (rk + rv) * H * d, "not R·H·d_h"),
+    (lambda s, H, d, rk, rv, b: b * s * rk * (H + d), "the values' factors"),
+])
+def test_cache_mistakes_hinted(mistake, hint):
+    assert_hint("07_cache_elements", lambda seq_len, num_heads, head_dim, k_rank, v_rank, batch_size:
+                mistake(seq_len, num_heads, head_dim, k_rank, v_rank, batch_size), hint)
+
+
+def test_cache_forgot_batch_hinted():
+    res = results("07_cache_elements", lambda seq_len, num_heads, head_dim, k_rank, v_rank, batch_size:
+                  seq_len * (k_rank + v_rank) * (num_heads + head_dim))
+    assert [ok for ok, _ in res] == [True, True, False]            # only the batch-4 case differs
+    assert "batch size" in res[2][1]
+
+
+# ---- 07_fix_seed_attention ---------------------------------------------------------------------------
+
+def fixed_attention(Q, K, V, *, causal=True, scale=True, seed=False):
+    if seed:
+        return (Q @ K.transpose(2, 3) / math.sqrt(Q.shape[-1])).softmax(-1) @ V
+    q, k, v = (t.transpose(1, 2) for t in (Q, K, V))
+    s = q @ k.transpose(-2, -1) / (math.sqrt(q.shape[-1]) if scale else 1.0)
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-1], s.shape[-1], dtype=torch.bool).tril(), float("-inf"))
+    return (s.softmax(-1) @ v).transpose(1, 2)
+
+
+def test_fix_reference_passes_and_matches_sdpa():
+    assert_all_pass("07_fix_seed_attention", fixed_attention)
+    ex = get("07_fix_seed_attention")
+    for case in ex.cases(torch.Generator().manual_seed(0)):
+        q, k, v = (case.inputs[n].transpose(1, 2) for n in "QKV")
+        torch.testing.assert_close(ex.expected(case)["out"],
+                                   F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2))
+
+
+@pytest.mark.parametrize("mistake, hint", [
+    (dict(seed=True), "still the seed's computation"),
+    (dict(causal=False), "without the causal mask"),
+    (dict(scale=False), "scale is missing"),
+    (dict(causal=False, scale=False), "no causal mask and no 1/√d_h"),
+])
+def test_fix_mistakes_hinted(mistake, hint):
+    assert_hint("07_fix_seed_attention", lambda Q, K, V: fixed_attention(Q, K, V, **mistake), hint)
+
+
+def test_forbidden_apis_declared():
+    assert "attn_course" in get("07_fix_seed_attention").forbidden
+    assert "torch.nn.functional.scaled_dot_product_attention" in get("07_fix_seed_attention").forbidden
+    assert "attn_course" in get("07_rope").forbidden
