@@ -1,0 +1,159 @@
+"""Grouped-query attention (GQA), with multi-query (MQA) and multi-head (MHA) as its two extremes,
+and a key/value cache for incremental decoding.
+
+H query heads share H_kv key/value heads in groups of G = H / H_kv: query head i reads kv head
+i // G. H_kv = H is ordinary multi-head attention, H_kv = 1 is multi-query attention. Only K and V
+are cached while decoding, so the cache shrinks by the factor G, which is the whole point.
+
+References:
+- Ainslie et al. 2023, "GQA: Training Generalized Multi-Query Transformer Models from Multi-Head
+  Checkpoints", §2 (grouping; up-training by mean-pooling the key/value heads of a group).
+- Shazeer 2019, "Fast Transformer Decoding: One Write-Head is All You Need" (MQA).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from . import _validate
+from .functional import _check, attention
+
+__all__ = ["GroupedQueryAttention", "KVCache"]
+
+
+@dataclass
+class KVCache:
+    """The keys and values of every token seen so far, for ONE attention layer.
+
+    ``k`` and ``v`` are ``(B, H_kv, L_cached, d_h)`` (``None`` until the first forward). Pass the same
+    object to :meth:`GroupedQueryAttention.forward` at every step: it appends the new tokens' K/V in
+    place. Its memory is exactly what :func:`attn_course.kv_cache_bytes` predicts for one layer.
+    """
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        """Number of cached positions L_cached."""
+        return 0 if self.k is None else self.k.shape[-2]
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append new ``k, v`` ``(B, H_kv, L_new, d_h)`` along the length axis; return all cached K, V."""
+        if self.k is not None and (self.k.shape[:2] != k.shape[:2] or self.k.shape[-1] != k.shape[-1]):
+            raise ValueError(
+                f"cache holds keys of shape (B, H_kv, L, d_h) = {tuple(self.k.shape)}, cannot append keys "
+                f"of shape {tuple(k.shape)}: batch size, kv heads and head_dim must match")
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)   # (B, H_kv, L_cached + L_new, d_h)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
+        return self.k, self.v
+
+    def nbytes(self) -> int:
+        """Bytes held by the cached tensors (K and V)."""
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
+
+
+class GroupedQueryAttention(nn.Module):
+    """Grouped-query self-attention on batch-first ``(B, L, d_model)`` inputs.
+
+    Args:
+        d_model: model width; must be divisible by ``num_heads``. ``head_dim = d_model // num_heads``.
+        num_heads: H, number of query heads.
+        num_kv_heads: H_kv, number of key/value heads; must divide ``num_heads``
+            (1 = MQA, ``num_heads`` = MHA).
+        bias: bias in the four projections (off by default, as in LLaMA/Mistral).
+        dropout: dropout on the attention weights while training.
+
+    Parameters: ``q_proj`` d_model → H·d_h, ``k_proj`` and ``v_proj`` d_model → H_kv·d_h,
+    ``out_proj`` H·d_h → d_model. Query head i uses kv head ``i // (H // H_kv)``.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, num_kv_heads: int, bias: bool = False,
+                 dropout: float = 0.0):
+        super().__init__()
+        _validate.positive_int("d_model", d_model)
+        _validate.positive_int("num_heads", num_heads)
+        _validate.positive_int("num_kv_heads", num_kv_heads)
+        _validate.divisible("d_model", d_model, "num_heads", num_heads)
+        _validate.divisible("num_heads", num_heads, "num_kv_heads", num_kv_heads)
+        self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
+        self.head_dim = d_model // num_heads
+        self.dropout = _validate.probability("dropout", dropout)
+        self.q_proj = nn.Linear(d_model, num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(d_model, num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(d_model, num_kv_heads * self.head_dim, bias=bias)
+        self.out_proj = nn.Linear(num_heads * self.head_dim, d_model, bias=bias)
+
+    @classmethod
+    def from_multi_head(cls, mha: nn.Module, num_kv_heads: int) -> "GroupedQueryAttention":
+        """Convert a multi-head checkpoint into GQA by mean-pooling each group's key and value heads.
+
+        The up-training recipe of Ainslie et al. 2023, §2.1: kv head j of the new module is the mean of
+        heads j·G … j·G+G−1 of ``mha`` (G = num_heads // num_kv_heads, the heads whose queries will
+        read it); queries and the output projection are copied. ``mha`` is a
+        :class:`~attn_course.MultiHeadAttention` or a ``GroupedQueryAttention`` with
+        ``num_kv_heads == num_heads``. A short fine-tuning ("up-training") then recovers most of the quality.
+        """
+        H, d_model = mha.num_heads, mha.q_proj.in_features
+        if getattr(mha, "num_kv_heads", H) != H:
+            raise ValueError(f"expected a multi-head module (num_kv_heads == num_heads={H}), got "
+                             f"num_kv_heads={mha.num_kv_heads}")
+        bias = mha.k_proj.bias is not None
+        gqa = cls(d_model, H, num_kv_heads, bias=bias, dropout=mha.dropout).to(mha.q_proj.weight)
+        pool = lambda t: rearrange(t, "(hkv g d) ... -> hkv g d ...", hkv=num_kv_heads, d=gqa.head_dim).mean(1).flatten(0, 1)
+        with torch.no_grad():
+            for name in ("q_proj", "out_proj"):
+                getattr(gqa, name).load_state_dict(getattr(mha, name).state_dict())
+            for name in ("k_proj", "v_proj"):
+                src, dst = getattr(mha, name), getattr(gqa, name)
+                dst.weight.copy_(pool(src.weight))                        # (H_kv·d_h, d_model)
+                if bias:
+                    dst.bias.copy_(pool(src.bias))
+        return gqa
+
+    def forward(self, x: torch.Tensor, *, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+                need_weights: bool = False, cache: KVCache | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attend ``x`` ``(B, L, d_model)`` to itself (and to the cached tokens, if ``cache`` is given).
+
+        Args:
+            attn_mask: bool (True = may attend) or float (added), broadcastable to ``(B, H, L, L_k)``,
+                where ``L_k = len(cache) + L`` with a cache, else ``L``.
+            is_causal: a query may attend keys at its own position or earlier. Without a cache this is
+                SDPA's ``is_causal``. With a cache the new tokens sit at positions
+                ``len(cache) … len(cache)+L-1``, so the mask is aligned bottom-right: new query i sees
+                every cached key and new keys 0..i.
+            need_weights: also return the per-head weights ``(B, H, L, L_k)`` (explicit path).
+            cache: a :class:`KVCache`; this call's K/V are appended to it before attending.
+
+        Returns:
+            ``(out (B, L, d_model), weights or None)``.
+        """
+        _validate.tensor("x", x, dim=3)
+        _validate.last_dim("x", x, self.d_model, "d_model")
+        if attn_mask is not None and is_causal:
+            raise ValueError("pass either attn_mask or is_causal=True, not both (as in SDPA)")
+        q = rearrange(self.q_proj(x), "b l (h d) -> b h l d", h=self.num_heads)       # (B, H, L, d_h)
+        k = rearrange(self.k_proj(x), "b l (h d) -> b h l d", h=self.num_kv_heads)    # (B, H_kv, L, d_h)
+        v = rearrange(self.v_proj(x), "b l (h d) -> b h l d", h=self.num_kv_heads)    # (B, H_kv, L, d_h)
+        if cache is not None:
+            past = len(cache)
+            k, v = cache.update(k, v)                                 # (B, H_kv, past + L, d_h)
+            if is_causal:   # bottom-right alignment: new query i is at absolute position past + i
+                L = q.shape[-2]
+                i = torch.arange(L, device=x.device)[:, None]
+                j = torch.arange(past + L, device=x.device)[None, :]
+                attn_mask, is_causal = j <= past + i, False           # (L, past + L)
+        p = self.dropout if self.training else 0.0
+        if need_weights:   # explicit path: Eq. (1) of Vaswani et al. per head, kv head i // G for query head i
+            y, weights = attention(q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=is_causal,
+                                   enable_gqa=True)
+        else:              # fused kernel; SDPA's enable_gqa does the same grouping without copying K/V
+            _check(q, k, v, attn_mask, is_causal, enable_gqa=True)    # ValueErrors that name the sizes
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p,
+                                               is_causal=is_causal, enable_gqa=True)
+            weights = None
+        y = rearrange(y, "b h l d -> b l (h d)")                      # re-assemble the heads side by side
+        return self.out_proj(y), weights

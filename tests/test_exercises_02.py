@@ -1,0 +1,90 @@
+"""Exercise set 02: the reference solutions pass every case; each common mistake fails with its hint."""
+import math
+
+import pytest
+import torch
+
+from attn_course.grading.exercises import get
+from attn_course.grading.spec import validate
+
+
+def run(ex_id, obj):
+    ex = get(ex_id)
+    verdicts = []
+    for case in ex.cases(torch.Generator().manual_seed(0)):
+        got, want = ex.answer(obj, case), ex.expected(case)
+        assert validate(got, want) is None, validate(got, want)
+        verdicts.append(ex.judge(got, want, case))
+    return verdicts
+
+
+def assert_passes(ex_id, obj):
+    assert all(v.ok for v in run(ex_id, obj)), [v.hint for v in run(ex_id, obj)]
+
+
+def assert_hint(ex_id, obj, fragment):
+    vs = run(ex_id, obj)
+    assert not all(v.ok for v in vs)
+    assert any(fragment in v.hint for v in vs if not v.ok), [v.hint for v in vs]
+
+
+# --- split / merge -----------------------------------------------------------------------------------
+
+def split_ok(x, H):
+    B, L, D = x.shape
+    return x.view(B, L, H, D // H).transpose(1, 2)
+
+
+def test_split_heads():
+    assert_passes("02_split_heads", split_ok)
+    assert_hint("02_split_heads", lambda x, H: x.reshape(x.shape[0], H, x.shape[1], -1), "x.view(B, H, L, d_h)")
+    assert_hint("02_split_heads", lambda x, H: x.view(*x.shape[:2], -1, H).permute(0, 3, 1, 2), "every H-th feature")
+
+
+def test_merge_heads():
+    assert_passes("02_merge_heads", lambda y: y.transpose(1, 2).reshape(y.shape[0], y.shape[2], -1))
+    assert_hint("02_merge_heads", lambda y: y.reshape(y.shape[0], y.shape[2], -1), "without moving the head axis")
+    assert_hint("02_merge_heads", lambda y: y.permute(0, 2, 3, 1).reshape(y.shape[0], y.shape[2], -1), "interleaved")
+
+
+# --- mha_forward -------------------------------------------------------------------------------------
+
+def make_mha(scale_by="d_h", transpose=True, causal_mask=True, heads=None):
+    def mha_forward(x, W_q, W_k, W_v, W_o, num_heads, causal):
+        H = num_heads if heads is None else heads
+        B, L, D = x.shape
+        proj = (lambda W: x @ W.T) if transpose else (lambda W: x @ W)
+        q, k, v = (split_ok(proj(W), H) for W in (W_q, W_k, W_v))
+        s = q @ k.transpose(-2, -1) / math.sqrt(D // H if scale_by == "d_h" else D)
+        if causal and causal_mask:
+            s = s.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
+        y = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(B, L, D)
+        return y @ W_o.T if transpose else y @ W_o
+    return mha_forward
+
+
+def test_mha_forward():
+    assert_passes("02_mha_forward", make_mha())
+    assert_hint("02_mha_forward", make_mha(scale_by="d_model"), "√d_model")
+    assert_hint("02_mha_forward", make_mha(transpose=False), "x @ W.T")
+    assert_hint("02_mha_forward", make_mha(causal_mask=False), "causal mask is missing")
+    assert_hint("02_mha_forward", make_mha(heads=1), "ONE head")
+
+
+# --- flops -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fn,fragment", [
+    (lambda B, L, d: 6 * B * L * d * d + 4 * B * L * L * d, "W^O"),
+    (lambda B, L, d: 4 * B * L * d * d + 2 * B * L * L * d, "multiply-add as 1"),
+    (lambda B, L, d: 8 * B * L * d * d + 2 * B * L * L * d, "only one of the two"),
+    (lambda B, L, d: 8 * B * L * d * d, "attention matmuls are missing"),
+    (lambda B, L, d: 4 * B * L * L * d, "projections are missing"),
+])
+def test_mha_flops(fn, fragment):
+    assert_passes("02_mha_flops", lambda B, L, d: 8 * B * L * d * d + 4 * B * L * L * d)
+    assert_hint("02_mha_flops", fn, fragment)
+
+
+def test_points_and_ids():
+    assert [(get(i).id, get(i).points) for i in ("02_split_heads", "02_merge_heads", "02_mha_forward", "02_mha_flops")] == \
+        [("02_split_heads", 2), ("02_merge_heads", 1), ("02_mha_forward", 3), ("02_mha_flops", 2)]

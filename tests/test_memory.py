@@ -1,0 +1,68 @@
+"""kv_cache_bytes: the per-token formulas of DESIGN §3 and published model sizes."""
+import pytest
+import torch
+
+from attn_course import kv_cache_bytes
+
+GiB = 2 ** 30
+
+
+def test_llama2_7b_is_half_a_mebibyte_per_token():
+    # 32 layers x 2 (K, V) x 32 heads x 128 dims x 2 bytes = 524288 B = 0.5 MiB per token
+    per_token = kv_cache_bytes("mha", seq_len=1, num_heads=32, head_dim=128, num_layers=32)
+    assert per_token == 512 * 1024
+    assert kv_cache_bytes("mha", seq_len=4096, num_heads=32, head_dim=128, num_layers=32) == 2 * GiB
+
+
+def test_llama2_70b_and_mistral_gqa():
+    llama70 = kv_cache_bytes("gqa", seq_len=1, num_heads=64, head_dim=128, num_kv_heads=8, num_layers=80)
+    assert llama70 == 80 * 2 * 8 * 128 * 2 == 327_680
+    mha70 = kv_cache_bytes("mha", seq_len=1, num_heads=64, head_dim=128, num_layers=80)
+    assert mha70 // llama70 == 8
+    mistral = kv_cache_bytes("gqa", seq_len=32768, num_heads=32, head_dim=128, num_kv_heads=8, num_layers=32)
+    assert mistral == 4 * GiB
+
+
+@pytest.mark.parametrize("H", [1, 4, 32])
+def test_gqa_extremes_are_mha_and_mqa(H):
+    kw = dict(seq_len=7, num_heads=H, head_dim=16, batch_size=3, num_layers=2)
+    assert kv_cache_bytes("gqa", num_kv_heads=H, **kw) == kv_cache_bytes("mha", **kw)
+    assert kv_cache_bytes("gqa", num_kv_heads=1, **kw) == kv_cache_bytes("mqa", **kw)
+    assert kv_cache_bytes("mha", num_kv_heads=H, **kw) == kv_cache_bytes("mha", **kw)
+    assert kv_cache_bytes("mqa", num_kv_heads=1, **kw) == 2 * 16 * 7 * 3 * 2 * 2
+
+
+def test_tpa_formula():
+    # (R_k + R_v)(H + d) elements per token per layer: (2 + 2)(32 + 128) = 640 vs MHA's 8192
+    tpa = kv_cache_bytes("tpa", seq_len=10, num_heads=32, head_dim=128, k_rank=2, v_rank=2, dtype=torch.float32)
+    assert tpa == 640 * 10 * 4
+    assert kv_cache_bytes("tpa", seq_len=1, num_heads=4, head_dim=8, k_rank=1, v_rank=3) == 4 * 12 * 2
+
+
+@pytest.mark.parametrize("dtype,size", [(torch.float16, 2), (torch.bfloat16, 2), (torch.float32, 4),
+                                        (torch.float64, 8), (torch.int8, 1)])
+def test_dtype_scales_bytes(dtype, size):
+    assert kv_cache_bytes("mha", seq_len=5, num_heads=2, head_dim=3, batch_size=2, num_layers=3,
+                          dtype=dtype) == 2 * 2 * 3 * 5 * 2 * 3 * size
+
+
+def test_errors():
+    kw = dict(seq_len=4, num_heads=8, head_dim=16)
+    with pytest.raises(ValueError, match="unknown mechanism 'mla'; expected one of mha, mqa, gqa, tpa"):
+        kv_cache_bytes("mla", **kw)
+    with pytest.raises(ValueError, match="'gqa' needs num_kv_heads"):
+        kv_cache_bytes("gqa", **kw)
+    with pytest.raises(ValueError, match="num_heads=8 is not divisible by num_kv_heads=3"):
+        kv_cache_bytes("gqa", num_kv_heads=3, **kw)
+    with pytest.raises(ValueError, match="'tpa' needs k_rank and v_rank, got k_rank=2, v_rank=None"):
+        kv_cache_bytes("tpa", k_rank=2, **kw)
+    with pytest.raises(ValueError, match="v_rank must be a positive integer, got 0"):
+        kv_cache_bytes("tpa", k_rank=2, v_rank=0, **kw)
+    with pytest.raises(ValueError, match="mha has num_kv_heads == num_heads=8, got num_kv_heads=2"):
+        kv_cache_bytes("mha", num_kv_heads=2, **kw)
+    with pytest.raises(ValueError, match="mqa has a single kv head, got num_kv_heads=4"):
+        kv_cache_bytes("mqa", num_kv_heads=4, **kw)
+    with pytest.raises(ValueError, match="seq_len must be a positive integer, got 0"):
+        kv_cache_bytes("mha", seq_len=0, num_heads=8, head_dim=16)
+    with pytest.raises(ValueError, match="num_kv_heads must be a positive integer, got 0"):
+        kv_cache_bytes("gqa", num_kv_heads=0, **kw)
