@@ -262,7 +262,7 @@ def show_source(obj, *, docstring: bool = True) -> None:
     try:
         from IPython import get_ipython
         from IPython.display import Markdown, display
-        in_notebook = get_ipython() is not None
+        in_notebook = getattr(get_ipython(), "kernel", None) is not None   # a Jupyter/Colab kernel, not a bare shell
     except ImportError:  # pragma: no cover - IPython ships with the lab extra
         in_notebook = False
     if in_notebook:
