@@ -1,0 +1,122 @@
+"""Exercise set 06: the reference solutions pass every case; each common mistake fails with ITS hint."""
+import pytest
+import torch
+
+from attn_course.grading.exercises import get
+from attn_course.grading.spec import validate
+
+
+def _run(ex_id, obj):
+    """[(ok, hint)] per case, exactly as check() would judge them (validated first)."""
+    ex = get(ex_id)
+    out = []
+    for case in ex.cases(torch.Generator().manual_seed(0)):
+        want = ex.expected(case)
+        try:
+            got = ex.answer(obj, case)
+        except RuntimeError as err:                        # a mistake that cannot broadcast for this case
+            out.append((False, f"error: {err}"))
+            continue
+        reason = validate(got, want)
+        if reason is not None:
+            out.append((False, reason))
+            continue
+        v = ex.judge(got, want, case)
+        out.append((v.ok, v.hint))
+    return out
+
+
+def _fails_with(ex_id, obj, fragment):
+    results = _run(ex_id, obj)
+    assert not all(ok for ok, _ in results)
+    assert any(fragment in hint for ok, hint in results if not ok), results
+
+
+# ---- reference solutions --------------------------------------------------------------------------------
+def spatial_pool(x):
+    return torch.cat([x.mean(dim=1, keepdim=True), x.amax(dim=1, keepdim=True)], dim=1)
+
+
+def channel_gate(x, W0, b0, W1, b1):
+    mlp = lambda f: torch.relu(f @ W0.T + b0) @ W1.T + b1  # noqa: E731
+    return torch.sigmoid(mlp(x.mean(dim=(2, 3))) + mlp(x.amax(dim=(2, 3))))[:, :, None, None]
+
+
+def apply_gate(x, s):
+    return x * s[:, :, None, None]
+
+
+def cbam_params(channels, reduction, kernel_size):
+    h = max(1, channels // reduction)
+    return (channels * h + h) + (h * channels + channels) + 2 * kernel_size * kernel_size
+
+
+@pytest.mark.parametrize("ex_id,obj", [("06_spatial_pool", spatial_pool), ("06_channel_gate", channel_gate),
+                                       ("06_apply_gate", apply_gate), ("06_cbam_params", cbam_params)])
+def test_reference_passes_every_case(ex_id, obj):
+    results = _run(ex_id, obj)
+    assert len(results) >= 3 and all(ok for ok, _ in results), results
+
+
+def test_points_and_ids():
+    from attn_course.grading.exercises import lesson06
+    assert [(e.id, e.points) for e in lesson06.EXERCISES] == [
+        ("06_spatial_pool", 2), ("06_channel_gate", 3), ("06_apply_gate", 1), ("06_cbam_params", 2)]
+
+
+# ---- common mistakes, each with its detected hint -------------------------------------------------------
+@pytest.mark.parametrize("fn,fragment", [
+    (lambda x: torch.cat([x.amax(1, keepdim=True), x.mean(1, keepdim=True)], 1), "official code's ChannelPool"),
+    (lambda x: torch.stack([x.mean(2), x.amax(2)], 1), "you pooled over H"),
+    (lambda x: torch.stack([x.mean(3), x.amax(3)], 1), "you pooled over W"),
+    (lambda x: torch.cat([x.mean(1, keepdim=True)] * 2, 1), "both maps are the mean"),
+    (lambda x: torch.cat([x.amax(1, keepdim=True)] * 2, 1), "both maps are the max"),
+    (lambda x: x.mean(1, keepdim=True) + x.amax(1, keepdim=True), "expected shape"),   # seed 000: a sum, 1 channel
+])
+def test_spatial_pool_mistakes(fn, fragment):
+    _fails_with("06_spatial_pool", fn, fragment)
+
+
+def _gate_mistake(kind):
+    def fn(x, W0, b0, W1, b1):
+        mlp = lambda f: torch.relu(f @ W0.T + b0) @ W1.T + b1  # noqa: E731
+        a, m = mlp(x.mean(dim=(2, 3))), mlp(x.amax(dim=(2, 3)))
+        g = {"softmax": torch.softmax(a + m, dim=1), "sig_sum": torch.sigmoid(a) + torch.sigmoid(m),
+             "avg_only": torch.sigmoid(a), "max_only": torch.sigmoid(m), "mean": torch.sigmoid((a + m) / 2)}[kind]
+        return g[:, :, None, None]
+    return fn
+
+
+@pytest.mark.parametrize("kind,fragment", [("softmax", "softmax over the channels"),
+                                           ("sig_sum", "add the two MLP outputs FIRST"),
+                                           ("avg_only", "that is SE"), ("max_only", "only the max-pooled"),
+                                           ("mean", "ADDS them")])
+def test_channel_gate_mistakes(kind, fragment):
+    _fails_with("06_channel_gate", _gate_mistake(kind), fragment)
+
+
+@pytest.mark.parametrize("fn,fragment", [
+    (lambda x, s: x * s, "LAST two axes"),
+    (lambda x, s: x * s[:, None, None, :], "width axis"),
+    (lambda x, s: x * s.unsqueeze(-1), "TWO trailing axes"),
+    (lambda x, s: x * s[0][None, :, None, None], "sample 0"),
+])
+def test_apply_gate_mistakes(fn, fragment):
+    _fails_with("06_apply_gate", fn, fragment)
+
+
+@pytest.mark.parametrize("fn,fragment", [
+    (lambda C, r, k: 2 * C * max(1, C // r) + 2 * k * k, "biases"),
+    (lambda C, r, k: 2 * (cbam_params(C, r, k) - 2 * k * k) + 2 * k * k, "SHARES one MLP"),
+    (lambda C, r, k: cbam_params(C, r, k) + 1, "no bias"),
+    (lambda C, r, k: cbam_params(C, r, k) - k * k, "TWO input channels"),
+    (lambda C, r, k: cbam_params(C, r, k) - 2 * k * k, "forgot the spatial gate"),
+])
+def test_cbam_params_mistakes(fn, fragment):
+    _fails_with("06_cbam_params", fn, fragment)
+
+
+def test_course_module_agrees_with_the_parameter_count():
+    from attn_course import CBAM
+    for C, r, k in [(64, 16, 7), (32, 8, 3), (10, 4, 7)]:
+        assert sum(p.numel() for p in CBAM(C, r, k).parameters()) == cbam_params(C, r, k)
