@@ -206,43 +206,95 @@ def test_overlay_and_channel_bars():
 from attn_course.demos import vision as demo  # noqa: E402
 
 
+def _shape_counts(x):
+    """Independent of the model: cut each image into 5×5 cells, read the 3×3 glyph inside each by brightness,
+    and count the glyphs of each shape -> (B, 4)."""
+    B, _, S, _ = x.shape
+    cells = x.amax(1)[:, : S // 5 * 5, : S // 5 * 5].unfold(1, 5, 5).unfold(2, 5, 5)[..., 1:4, 1:4] > 0.5
+    match = (cells.flatten(1, 2)[:, :, None] == demo.GLYPHS.bool()).flatten(-2).all(-1)   # (B, cells, 4)
+    return match.sum(1)
+
+
 def test_make_batch_has_one_blue_target_whose_glyph_is_the_label():
     g = torch.Generator().manual_seed(1)
     x, y, target, clutter = demo.make_batch(g, 16, masks=True)
     assert x.shape == (16, 3, 20, 20) and y.shape == (16,) and y.dtype == torch.int64
-    assert (target.sum(dim=(1, 2)) == 25).all() and (clutter.sum(dim=(1, 2)) == 7 * 25).all()
+    assert (target.sum(dim=(1, 2)) == 9).all() and (clutter.sum(dim=(1, 2)) == 5 * 9).all()   # 3×3 boxes
     assert not (target & clutter).any()
-    blue = (x[:, 2] > 0.5) & (x[:, 0] < 0.5) & (x[:, 1] < 0.5)     # pure-blue pixels: the target's frame only
-    assert (blue.sum(dim=(1, 2)) == 16).all() and not (blue & ~target).any()   # its 16-pixel frame
+    blue = (x[:, 2] > 0.5) & (x[:, 0] < 0.5) & (x[:, 1] < 0.5)     # pure-blue pixels: the target only
+    assert (blue.sum(dim=(1, 2)) == 5).all() and not (blue & ~target).any()
+    assert ((x.amax(1) > 0.5) & clutter).sum() == 16 * 5 * 5          # every clutter glyph has 5 lit pixels
     for i in range(16):
-        r, c = target[i].nonzero().min(0).values.tolist()           # top-left corner of the target cell
-        glyph = x[i, :, r + 1:r + 4, c + 1:c + 4].amin(0) > 0.5     # white pixels inside the frame
-        assert torch.equal(glyph, demo.GLYPHS[y[i]].bool())
+        r, c = target[i].nonzero().min(0).values.tolist()           # top-left corner of the target box
+        assert torch.equal(x[i, 2, r:r + 3, c:c + 3] > 0.5, demo.GLYPHS[y[i]].bool())
+    assert (_shape_counts(x).sum(1) == 6).all()
     x2, y2 = demo.make_batch(torch.Generator().manual_seed(1), 16)
     assert torch.equal(x, x2) and torch.equal(y, y2)
-    with pytest.raises(ValueError, match="size=10 holds 4 cells, too few for n_clutter=7"):
+    with pytest.raises(ValueError, match="size=10 holds 4 cells, too few for n_clutter=5"):
         demo.make_batch(g, 2, size=10)
 
 
+def test_glyph_features_separate_colour_and_shape():
+    """Hand-built image: the four glyphs, each in a known colour; shape channel s is 1 exactly on glyph s's box."""
+    x = torch.zeros(1, 3, 10, 10)
+    corners = [(1, 1), (1, 6), (6, 1), (6, 6)]
+    for s, ((r, c), rgb) in enumerate(zip(corners, demo.COLOURS)):
+        x[0, :, r:r + 3, c:c + 3] = demo.GLYPHS[s] * rgb[:, None, None]
+    f = demo.glyph_features(x)
+    assert f.shape == (1, 7, 10, 10) and len(demo.CHANNEL_NAMES) == 7
+    R, G, B = x[0]
+    assert_close(f[0, 0], 2 * x[0].amax(0) - 1)
+    assert_close(f[0, 1], R - G)
+    assert_close(f[0, 2], B - (R + G) / 2)
+    for s, (r, c) in enumerate(corners):
+        box = torch.zeros(10, 10)
+        box[r:r + 3, c:c + 3] = 1
+        assert_close(f[0, 3 + s], box)                              # colour-blind: same for every colour
+    blue_yellow = f[0, 2][x[0].amax(0) > 0.5]
+    assert blue_yellow.max() == 1 and (blue_yellow[blue_yellow < 1] < 0).all()   # only the blue glyph is positive
+
+
 def test_flops_and_params_match_hand_count():
-    S, C = 20, 8
-    plain = 2 * (3 * 9 * C * S * S) + 2 * (C * 2 * C * S * S) + 2 * (2 * C * 2)          # stem, 1×1 conv, linear
-    gates = 2 * 2 * (C * (C // 2) * 2) + 2 * (2 * 49 * S * S)                            # 2 MLP passes, 7×7 conv
+    S, C, K = 20, 7, 4
+    plain = 2 * (9 * K * S * S) + 2 * (K * K)                                              # matched filters, linear
+    gates = 2 * 2 * (C * (C // 2) + (C // 2) * C) + 2 * (2 * 49 * S * S)                  # 2 MLP passes, 7×7 conv
     assert demo.count_flops(demo.TargetFinder(False), (1, 3, S, S)) == plain
     assert demo.count_flops(demo.TargetFinder(True), (1, 3, S, S)) == plain + gates
-    extra = (C * 4 + 4) + (4 * C + C) + 2 * 49                                             # fc1, fc2, spatial conv
+    assert demo.count_params(demo.TargetFinder(False)) == K * K + K                        # the classifier only
+    extra = (C * 3 + 3) + (3 * C + C) + 2 * 49                                             # fc1, fc2, spatial conv
     assert demo.count_params(demo.TargetFinder(True)) - demo.count_params(demo.TargetFinder(False)) == extra
 
 
-def test_short_training_lowers_the_loss_and_exposes_gates():
-    model = demo.train_target_finder(True, steps=60, progress=False)
-    x, y = demo.make_batch(torch.Generator().manual_seed(5), 128)
+@pytest.fixture(scope="module")
+def test_set():
+    return demo.make_batch(torch.Generator().manual_seed(123), 500, masks=True)
+
+
+def test_without_attention_the_cnn_cannot_beat_the_shape_histogram(test_set):
+    """Without gates the pooled vector is the shape histogram; the best any classifier can do from it is to
+    guess the most frequent shape (the target is a uniformly random one of the 6 glyphs)."""
+    x, y, _, _ = test_set
+    counts = _shape_counts(x).float()
+    bayes = (counts.amax(1) / counts.sum(1)).mean().item()         # expected accuracy of the best guess
+    plain = demo.train_target_finder(False, progress=False)
+    acc = demo.accuracy(plain, x, y)
+    assert 0.3 < bayes < 0.55 and bayes - 0.15 < acc < bayes + 0.05
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_cbam_finds_the_blue_glyph(test_set, seed):
+    x, y, target, clutter = test_set
+    model = demo.train_target_finder(True, seed=seed, progress=False)
+    assert demo.accuracy(model, x, y) > 0.95
     logits, (m_c, m_s) = model.forward_with_gates(x)
-    assert logits.shape == (128, 2) and m_c.shape == (128, 8, 1, 1) and m_s.shape == (128, 1, 20, 20)
-    assert F.cross_entropy(logits, y) < 0.68                                             # chance is ln 2 = 0.693
-    assert_close(torch.sigmoid(demo.spatial_logits(model, x)), m_s.detach())
-    assert demo.channel_selectivity(model, *demo.make_batch(torch.Generator(), 8, masks=True)[::2],
-                                    demo.make_batch(torch.Generator(), 8, masks=True)[3]).shape == (8,)
+    assert logits.shape == (500, 4) and m_c.shape == (500, 7, 1, 1) and m_s.shape == (500, 1, 20, 20)
+    g = demo.gate_means(model, x, target, clutter)
+    assert_close(g["target"], m_s[:, 0][target].mean().item())
+    assert g["target"] > 0.8 and g["clutter"] < 0.2 and g["background"] < 0.2    # spotlight on the target
+    gate = dict(zip(demo.CHANNEL_NAMES, m_c.mean(0).flatten().tolist()))
+    colour = ["light–dark", "red–green", "blue–yellow"]
+    assert max(colour, key=gate.get) == "blue–yellow" and gate["blue–yellow"] > 0.95
+    assert gate["red–green"] < 0.1                                  # useless for finding blue: closed
 
 
 def test_photo_features_and_hand_set_cbam():

@@ -1,20 +1,29 @@
 """Find the target among clutter: a tiny CNN with and without CBAM, trained in seconds on a CPU.
 
 Each image is ``(3, S, S)`` RGB: dim noise and a grid of 5×5 cells, ``n_clutter + 1`` of which hold a
-white 3×3 glyph, a "plus" or a "cross" (×), inside a coloured frame. Clutter frames are red or green;
-exactly ONE frame is blue: the target. The label is the target glyph's shape (0 = plus, 1 = cross).
-Clutter uses both shapes, so counting shapes over the image is useless: the network must find the
-blue frame (what: a channel question) and read the glyph at its place (where: a spatial question).
+coloured 3×3 glyph: a plus, a cross (×), a T or an L (each has 5 pixels). Clutter glyphs are red, green
+or yellow; exactly ONE glyph is blue: the target. The label is the target's shape. Clutter uses every
+shape, so counting shapes over the image only says which shape is common, not which one is blue.
 
-The model is deliberately short-sighted: a 3×3 stem and a 1×1 conv before global average pooling, so
-without attention a unit that reads the glyph barely sees its frame. CBAM's 7×7 spatial gate sees the
-whole 5×5 cell and can route the target's glyph to the pooled features.
+The network's front end is fixed and deliberately keeps *colour* and *shape* in separate channels, each
+computed from a tiny neighbourhood (like the colour-opponent and edge cells of the early visual system):
 
-    make_batch(gen, n)              -> (x: (n, 3, S, S), y: (n,)), optionally masks of target / clutter
-    TargetFinder(attention=True)    stem conv -> CBAM (or nothing) -> conv -> global average pool -> linear
+    light–dark, red–green, blue–yellow   1×1 colour-opponent channels of each pixel (signed)
+    plus, cross, T, L                    3×3 matched filters on the brightness max_c(x), colour-blind,
+                                         spread over the glyph's 3×3 box (3×3 max pool)
+
+The classifier sums the shape channels over the image (global average pool × H·W / 9, so one glyph
+counts 1) and applies a linear layer. Without attention the pooled vector is a shape *histogram* of all
+glyphs, target and clutter alike: colour and shape are never bound. With CBAM the channel gate can keep
+"blue–yellow", and the spatial gate, computed from the channel-gated features, can open on the blue glyph
+and close on the clutter, so only the target's shape reaches the pool.
+
+    make_batch(gen, n)              -> (x: (n, 3, S, S), y: (n,)), optionally masks of target / clutter boxes
+    glyph_features(x)               the fixed front end -> (B, 7, S, S), channels named in CHANNEL_NAMES
+    TargetFinder(attention=True)    features -> CBAM (or nothing) -> sum of shape channels / 9 -> linear
     train_target_finder(...)        fit() on fresh batches; returns the model
     accuracy(model, x, y), count_params(model), count_flops(model, shape)
-    channel_selectivity(model, x, target, clutter)   how much more each stem channel fires on the target
+    gate_means(model, x, target, clutter)  mean spatial gate on target / clutter / background pixels
 """
 from __future__ import annotations
 
@@ -25,99 +34,106 @@ from torch import nn
 from ..vision import CBAM
 from ._train import fit
 
-__all__ = ["GLYPHS", "CLASSES", "make_batch", "TargetFinder", "train_target_finder", "accuracy",
-           "COLOURS", "count_params", "count_flops", "channel_selectivity", "stem_features", "spatial_logits",
+__all__ = ["GLYPHS", "CLASSES", "COLOURS", "COLOUR_NAMES", "CHANNEL_NAMES", "make_batch", "glyph_features",
+           "TargetFinder", "train_target_finder", "accuracy", "count_params", "count_flops", "gate_means",
            "FEATURE_NAMES", "load_photo", "photo_features", "hand_set_cbam"]
 
 GLYPHS = torch.tensor([[[0, 1, 0], [1, 1, 1], [0, 1, 0]],      # plus
-                       [[1, 0, 1], [0, 1, 0], [1, 0, 1]]],     # cross
-                      dtype=torch.float32)
-CLASSES = ("plus", "cross")
-COLOURS = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])   # red, green (clutter), blue (target)
-_FRAME = torch.ones(5, 5)
-_FRAME[1:4, 1:4] = 0                                               # the 16-pixel border of a 5×5 cell
+                       [[1, 0, 1], [0, 1, 0], [1, 0, 1]],      # cross
+                       [[1, 1, 1], [0, 1, 0], [0, 1, 0]],      # T
+                       [[1, 0, 0], [1, 0, 0], [1, 1, 1]]],     # L
+                      dtype=torch.float32)                     # (4, 3, 3), 5 pixels each
+CLASSES = ("plus", "cross", "T", "L")
+COLOURS = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+COLOUR_NAMES = ("red", "green", "yellow", "blue")              # clutter colours, then the target's (last)
+CHANNEL_NAMES = ("light–dark", "red–green", "blue–yellow") + CLASSES
 
 
-def make_batch(gen: torch.Generator, n: int = 64, *, size: int = 20, n_clutter: int = 7, noise: float = 0.1,
+def make_batch(gen: torch.Generator, n: int = 64, *, size: int = 20, n_clutter: int = 5, noise: float = 0.1,
                masks: bool = False):
-    """Draw ``n`` images from ``gen``: a grid of 5×5 cells; ``n_clutter + 1`` random cells hold a white 3×3
-    glyph inside a coloured frame (clutter: red or green, target: blue); the rest is dim noise.
+    """Draw ``n`` images from ``gen``: a grid of 5×5 cells; ``n_clutter + 1`` random cells hold a 3×3 glyph
+    (centred, so glyphs are 2 pixels apart) of a random shape; clutter is red, green or yellow, the target
+    blue. Background pixels are uniform noise in ``[0, noise]`` per colour.
 
-    Returns ``(x, y)`` with ``x: (n, 3, size, size)`` float32 in [0, 1] and ``y: (n,)`` int64, the target
-    glyph's class (0 plus, 1 cross). With ``masks=True`` also bool ``(n, size, size)`` masks of the target
-    cell (glyph and frame) and of the clutter cells.
+    Returns ``(x, y)`` with ``x: (n, 3, size, size)`` float32 in [0, 1] and ``y: (n,)`` int64, the target's
+    shape (an index into ``CLASSES``). With ``masks=True`` also bool ``(n, size, size)`` masks of the
+    target's 3×3 box and of the clutter glyphs' 3×3 boxes.
     """
     cells = size // 5                                              # cells per side
     k = n_clutter + 1                                              # glyphs per image; the last one is the target
     if cells * cells < k:
         raise ValueError(f"size={size} holds {cells * cells} cells, too few for n_clutter={n_clutter} + 1 target")
     slots = torch.rand(n, cells * cells, generator=gen).argsort(-1)[:, :k]          # (n, k) distinct cells
-    shapes = torch.randint(0, 2, (n, k), generator=gen)                            # (n, k)
-    colour = torch.randint(0, 2, (n, k), generator=gen)
-    colour[:, -1] = 2                                                              # the target's frame is blue
-    glyph = torch.zeros(n, k, 5, 5)
-    glyph[:, :, 1:4, 1:4] = GLYPHS[shapes]                                         # (n, k, 5, 5)
-    cell = glyph[:, :, None] + COLOURS[colour][..., None, None] * _FRAME          # (n, k, 3, 5, 5)
-    is_target = torch.zeros(n, k, 3, 5, 5)
-    is_target[:, -1] = 1.0
-    grid = torch.zeros(n, cells * cells, 2, 3, 5, 5)                               # [content, target flag]
-    index = slots[:, :, None, None, None, None].expand(n, k, 2, 3, 5, 5)
-    grid.scatter_(1, index, torch.stack([cell, is_target], dim=2))
-    # (n, row, col, 2, 3, 5, 5) -> (2, n, 3, row*5, col*5)
-    img = grid.view(n, cells, cells, 2, 3, 5, 5).permute(3, 0, 4, 1, 5, 2, 6).reshape(2, n, 3, 5 * cells, 5 * cells)
-    x = torch.zeros(n, 3, size, size)
-    x[:, :, : 5 * cells, : 5 * cells] = img[0]
-    x = torch.maximum(noise * torch.rand(n, 3, size, size, generator=gen), x)
+    shapes = torch.randint(0, len(CLASSES), (n, k), generator=gen)                 # (n, k)
+    colour = torch.randint(0, len(COLOURS) - 1, (n, k), generator=gen)              # clutter colours
+    colour[:, -1] = len(COLOURS) - 1                                               # the target is blue
+    cell = torch.zeros(n, k, 4, 5, 5)                                              # [R, G, B, is-target]
+    cell[:, :, :3, 1:4, 1:4] = GLYPHS[shapes][:, :, None] * COLOURS[colour][..., None, None]
+    cell[:, :, 3, 1:4, 1:4] = torch.where(torch.arange(k) == k - 1, 1.0, -1.0)[:, None, None]   # box: ±1
+    grid = torch.zeros(n, cells * cells, 4, 5, 5)
+    grid.scatter_(1, slots[:, :, None, None, None].expand(n, k, 4, 5, 5), cell)
+    # (n, row, col, 4, 5, 5) -> (n, 4, row*5, col*5)
+    img = grid.view(n, cells, cells, 4, 5, 5).permute(0, 3, 1, 4, 2, 5).reshape(n, 4, 5 * cells, 5 * cells)
+    full = torch.zeros(n, 4, size, size)
+    full[:, :, : 5 * cells, : 5 * cells] = img
+    x = torch.maximum(noise * torch.rand(n, 3, size, size, generator=gen), full[:, :3])
     y = shapes[:, -1]
     if not masks:
         return x, y
-    target = torch.zeros(n, size, size, dtype=torch.bool)
-    target[:, : 5 * cells, : 5 * cells] = img[1, :, 0] > 0
-    used = torch.zeros(n, cells * cells, dtype=torch.bool).scatter_(1, slots, True).view(n, cells, cells)
-    occupied = torch.zeros(n, size, size, dtype=torch.bool)
-    occupied[:, : 5 * cells, : 5 * cells] = used.repeat_interleave(5, 1).repeat_interleave(5, 2)
-    return x, y, target, occupied & ~target
+    return x, y, full[:, 3] > 0, full[:, 3] < 0
+
+
+def glyph_features(x: torch.Tensor) -> torch.Tensor:
+    """The fixed front end: ``x (B, 3, S, S)`` -> ``(B, 7, S, S)``, channels named in ``CHANNEL_NAMES``.
+
+    Colour (1×1, signed): light–dark ``2·max_c(x) - 1``, red–green ``R - G``, blue–yellow ``B - (R + G)/2``;
+    so the target's pixels are +1 in blue–yellow and the clutter's are -1 (yellow) or -1/2 (red, green).
+    Shape (colour-blind): the brightness ``v = max_c(x)`` through the four glyphs' matched filters
+    ``2·glyph - 1`` (3×3), ``ReLU(· - 4)`` (≈1 only where a glyph matches exactly), then a 3×3 max pool
+    that spreads each detection over its glyph's 3×3 box.
+    """
+    r, g, b = x[:, 0:1], x[:, 1:2], x[:, 2:3]                                       # (B, 1, S, S) each
+    v = x.amax(dim=1, keepdim=True)                                                 # (B, 1, S, S) brightness
+    colour = torch.cat([2 * v - 1, r - g, b - (r + g) / 2], dim=1)                  # (B, 3, S, S)
+    matched = (2 * GLYPHS - 1)[:, None].to(x)                                       # (4, 1, 3, 3)
+    hit = F.relu(F.conv2d(v, matched, padding=1) - 4)                               # (B, 4, S, S)
+    shape = F.max_pool2d(hit, 3, stride=1, padding=1)                               # (B, 4, S, S)
+    return torch.cat([colour, shape], dim=1)
 
 
 class TargetFinder(nn.Module):
-    """``stem (3->C, 3×3) -> ReLU -> [CBAM(C) | nothing] -> conv (C->2C, 1×1) -> ReLU -> mean over H, W -> linear``.
+    """``glyph_features (fixed, 7 ch) -> [CBAM(7) | nothing] -> shape channels summed over H, W / 9 -> linear``.
 
-    forward(x: (B, 3, S, S)) -> logits (B, 2). ``forward_with_gates`` also returns CBAM's
-    ``(M_c: (B, C, 1, 1), M_s: (B, 1, S, S))`` (``None`` without attention).
+    forward(x: (B, 3, S, S)) -> logits (B, 4). ``forward_with_gates`` also returns CBAM's
+    ``(M_c: (B, 7, 1, 1), M_s: (B, 1, S, S))`` (``None`` without attention). The pooled vector (B, 4) counts
+    the glyphs of each shape that the gates let through (a glyph's box is 9 pixels).
     """
 
-    def __init__(self, attention: bool = True, channels: int = 8, reduction: int = 2, kernel_size: int = 7):
+    def __init__(self, attention: bool = True, reduction: int = 2, kernel_size: int = 7):
         super().__init__()
-        self.stem = nn.Conv2d(3, channels, 3, padding=1)
+        channels = len(CHANNEL_NAMES)
         self.cbam = CBAM(channels, reduction, kernel_size) if attention else None
-        self.conv = nn.Conv2d(channels, 2 * channels, 1)
-        self.head = nn.Linear(2 * channels, len(CLASSES))
+        self.head = nn.Linear(len(CLASSES), len(CLASSES))
 
     def forward_with_gates(self, x: torch.Tensor):
-        f = F.relu(self.stem(x))                                   # (B, C, S, S)
+        f = glyph_features(x)                                      # (B, 7, S, S)
         gates = None
         if self.cbam is not None:
-            f, gates = self.cbam(f)                                # (B, C, S, S), ((B, C, 1, 1), (B, 1, S, S))
-        f = F.relu(self.conv(f))                                   # (B, 2C, S, S)
-        return self.head(f.mean(dim=(2, 3))), gates                # (B, 2)
+            f, gates = self.cbam(f)                                # (B, 7, S, S), ((B, 7, 1, 1), (B, 1, S, S))
+        counts = f[:, 3:].sum(dim=(2, 3)) / 9                      # (B, 4)  glyphs of each shape let through
+        return self.head(counts), gates                            # (B, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_with_gates(x)[0]
 
 
-def train_target_finder(attention: bool = True, *, steps: int = 150, batch: int = 64, lr: float = 1e-2,
+def train_target_finder(attention: bool = True, *, steps: int = 300, batch: int = 64, lr: float = 3e-2,
                         seed: int = 0, progress: bool = True, device=None, **data) -> TargetFinder:
-    """Build a ``TargetFinder`` (parameters seeded with ``seed``) and train it on fresh batches."""
+    """Build a ``TargetFinder`` (parameters seeded with ``seed``) and train it on fresh batches with ``fit``."""
     torch.manual_seed(seed)
     model = TargetFinder(attention).to(device or "cpu")
-    threads = torch.get_num_threads()
-    if model.stem.weight.device.type == "cpu":
-        torch.set_num_threads(1)              # convs this small run ~10x faster on one thread than on many
-    try:
-        fit(model, lambda g: make_batch(g, batch, **data), steps=steps, lr=lr, seed=seed, progress=progress,
-            desc="CBAM" if attention else "plain", loss_fn=F.cross_entropy)
-    finally:
-        torch.set_num_threads(threads)
+    fit(model, lambda g: make_batch(g, batch, **data), steps=steps, lr=lr, seed=seed, progress=progress,
+        desc="CBAM" if attention else "plain", loss_fn=F.cross_entropy)
     return model
 
 
@@ -146,32 +162,13 @@ def count_flops(model: nn.Module, shape: tuple[int, ...]) -> int:
 
 
 @torch.no_grad()
-def stem_features(model: TargetFinder, x: torch.Tensor) -> torch.Tensor:
-    """The stem's ReLU features, the input of CBAM: ``(B, C, S, S)``."""
-    return F.relu(model.stem(x.to(next(model.parameters()).device))).cpu()
-
-
-@torch.no_grad()
-def channel_selectivity(model: TargetFinder, x: torch.Tensor, target: torch.Tensor, clutter: torch.Tensor):
-    """Per stem channel: mean activation on target pixels minus mean activation on clutter pixels, ``(C,)``.
-
-    Positive = the channel fires more in the target's cell (blue frame) than in clutter cells (red/green).
-    """
-    f = stem_features(model, x)                                    # (B, C, S, S)
-    on_target = (f * target[:, None]).sum(dim=(0, 2, 3)) / target.sum()
-    on_clutter = (f * clutter[:, None]).sum(dim=(0, 2, 3)) / clutter.sum()
-    return on_target - on_clutter
-
-
-@torch.no_grad()
-def spatial_logits(model: TargetFinder, x: torch.Tensor) -> torch.Tensor:
-    """The spatial gate *before* its sigmoid, ``conv([mean_c; max_c](M_c ⊗ F))``: ``(B, 1, S, S)``.
-
-    A trained gate often saturates (σ ≈ 1 everywhere in float32); its logits still show where it looks.
-    """
-    f, _ = model.cbam.channel(stem_features(model, x).to(next(model.parameters()).device))
-    pooled = torch.cat([f.mean(dim=1, keepdim=True), f.amax(dim=1, keepdim=True)], dim=1)   # (B, 2, S, S)
-    return model.cbam.spatial.conv(pooled).cpu()
+def gate_means(model: TargetFinder, x: torch.Tensor, target: torch.Tensor, clutter: torch.Tensor) -> dict[str, float]:
+    """Mean of the spatial gate ``M_s`` over the target's 3×3 box, the clutter boxes, and the background
+    (all other pixels), pooled over the batch: ``{"target": .., "clutter": .., "background": ..}``."""
+    _, (_, M_s) = model.forward_with_gates(x.to(next(model.parameters()).device))
+    m = M_s[:, 0].cpu()                                            # (B, S, S)
+    return {"target": m[target].mean().item(), "clutter": m[clutter].mean().item(),
+            "background": m[~(target | clutter)].mean().item()}
 
 
 # --- a real photograph through a fixed, hand-designed feature extractor ---------------------------------
