@@ -24,7 +24,8 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["Case", "Verdict", "Exercise", "validate", "close", "FORBID_SDPA", "FORBID_COURSE"]
+__all__ = ["Case", "Verdict", "Exercise", "validate", "close", "matches", "first_match", "diagnose",
+           "FORBID_SDPA", "FORBID_COURSE"]
 
 # Names for the ``forbidden`` tuple: dotted APIs (attribute chains) or whole modules.
 FORBID_SDPA = ("torch.nn.functional.scaled_dot_product_attention",
@@ -115,3 +116,31 @@ def validate(got: Any, want: dict[str, torch.Tensor]) -> str | None:
         if tuple(g.shape) != tuple(w.shape):
             return f"{key}: expected shape {tuple(w.shape)}, got {tuple(g.shape)}"
     return None
+
+
+def matches(got: Any, cand: Any, *, atol: float = 1e-4, rtol: float = 1e-3) -> bool:
+    """Does ``got`` reproduce a candidate answer? Tensors are compared with a tolerance (NaN matches
+    NaN); a dict candidate is compared on its own keys; a ``None`` candidate (a mistake that does not
+    apply to this case) never matches."""
+    if cand is None:
+        return False
+    if isinstance(cand, dict):
+        return all(matches(got[key], c, atol=atol, rtol=rtol) for key, c in cand.items())
+    return got.shape == cand.shape and bool(
+        torch.allclose(got.double(), cand.double(), atol=atol, rtol=rtol, equal_nan=True))
+
+
+def first_match(got: Any, candidates, *, same: Callable[[Any, Any], bool] = matches) -> str | None:
+    """The hint of the first ``(hint, predicted answer)`` candidate that ``got`` reproduces, else None.
+
+    This is how exercises *detect* a misconception: compute what each common mistake would return on
+    the case's inputs and name the one the learner's answer equals."""
+    for hint, cand in candidates:
+        if same(got, cand):
+            return hint
+    return None
+
+
+def diagnose(got: Any, candidates, default: str, *, same: Callable[[Any, Any], bool] = matches) -> Verdict:
+    """A failing :class:`Verdict` naming the detected misconception (see :func:`first_match`), or ``default``."""
+    return Verdict(False, first_match(got, candidates, same=same) or default)

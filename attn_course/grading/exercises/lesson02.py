@@ -11,22 +11,15 @@ import math
 import torch
 from einops import rearrange
 
-from ..spec import FORBID_COURSE, FORBID_SDPA, Case, Exercise, Verdict, close
+from ..spec import Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, close, diagnose
 
 __all__ = ["EXERCISES"]
 
 _F64 = torch.float64
 
 
-def _match(got: torch.Tensor, cand: torch.Tensor) -> bool:
-    return got.shape == cand.shape and bool(torch.allclose(got.double(), cand.double(), atol=1e-4, rtol=1e-3))
-
-
-def _first(got: torch.Tensor, candidates) -> Verdict:
-    for hint, cand in candidates:
-        if _match(got, cand):
-            return Verdict(False, hint)
-    return Verdict(False, "wrong values; compare with the shape table in lesson 02, section 2.")
+def _first(got, candidates):
+    return diagnose(got, candidates, "wrong values; compare with the shape table in lesson 02, section 2.")
 
 
 # ---- 02_split_heads -----------------------------------------------------------------------------------

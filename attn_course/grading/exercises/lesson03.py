@@ -12,22 +12,11 @@ import math
 import torch
 from einops import rearrange
 
-from ..spec import FORBID_COURSE, FORBID_SDPA, Case, Exercise, Verdict, close
+from ..spec import Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, close, diagnose
 
 __all__ = ["EXERCISES"]
 
 _F64 = torch.float64
-
-
-def _match(got: torch.Tensor, cand: torch.Tensor) -> bool:
-    return got.shape == cand.shape and bool(torch.allclose(got.double(), cand.double(), atol=1e-4, rtol=1e-3))
-
-
-def _first(got: torch.Tensor, candidates, default: str) -> Verdict:
-    for hint, cand in candidates:
-        if _match(got, cand):
-            return Verdict(False, hint)
-    return Verdict(False, default)
 
 
 _REPEAT_HINT = ("your query heads read the wrong kv heads: .repeat tiles the stack (0,1,0,1,…); query head i "
@@ -68,7 +57,7 @@ def _expand_expected(case):
 def _expand_judge(got, want, case):
     if close(got["k"], want["k"]):
         return Verdict(True)
-    return _first(got["k"], [(_REPEAT_HINT, _expand(case.inputs["k"], case.params["num_heads"], "repeat"))],
+    return diagnose(got["k"], [(_REPEAT_HINT, _expand(case.inputs["k"], case.params["num_heads"], "repeat"))],
                   "expected (B, num_heads, L, d) where head i is kv head i // (num_heads // H_kv).")
 
 
@@ -101,7 +90,7 @@ def _gqa_judge(got, want, case):
              ("the scores are not scaled: divide by √d_h.", _gqa(i["q"], i["k"], i["v"], c, scale=False))]
     if c:
         cands.append(("the causal mask is missing: query i may only attend keys j <= i.", _gqa(i["q"], i["k"], i["v"], False)))
-    return _first(got["out"], cands, "wrong values: expand K and V to the query heads, then attend per head.")
+    return diagnose(got["out"], cands, "wrong values: expand K and V to the query heads, then attend per head.")
 
 
 # ---- 03_kv_cache_bytes --------------------------------------------------------------------------------
@@ -201,7 +190,7 @@ def _decode_judge(got, want, case):
     if not (ok["k_cache"] and ok["v_cache"]):
         return Verdict(False, "the returned caches must be the old ones with the new token's k and v appended "
                               "along the length axis: torch.cat([k_cache, k_new], dim=2), shape (B, H_kv, L+1, d_h).")
-    return _first(got["y"], [
+    return diagnose(got["y"], [
         ("the new token must attend to itself too: append its k, v to the cache BEFORE attending.",
          _decode_ref(case, append=False)["y"]),
         (_REPEAT_HINT, _decode_ref(case, how="repeat")["y"]),

@@ -11,24 +11,11 @@ import math
 
 import torch
 
-from ..spec import FORBID_COURSE, FORBID_SDPA, Case, Exercise, Verdict, close
+from ..spec import Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, close, first_match, matches
 
 __all__ = ["EXERCISES"]
 
 _F64 = torch.float64
-
-
-def _same(got: torch.Tensor, cand: torch.Tensor, atol: float = 1e-4) -> bool:
-    if got.shape != cand.shape:
-        return False
-    return bool(torch.allclose(got.double(), cand.double(), atol=atol, rtol=1e-3, equal_nan=True))
-
-
-def _first_match(got: torch.Tensor, candidates) -> str | None:
-    for hint, cand in candidates:
-        if cand is not None and _same(got, cand):
-            return hint
-    return None
 
 
 def _softmax_attend(q, k, v, keep=None, *, scale=None, dim=-1, raw=False):
@@ -111,7 +98,7 @@ def _cross_judge(got, want, case):
         except RuntimeError:
             return None
         # a plain softmax turns a fully masked row (or column, for dim=-2) into NaN: accept either
-        return a if _same(got["out"], a) else b
+        return a if matches(got["out"], a) else b
 
     candidates = [
         ("your queries come from the context and your keys/values from x: in cross-attention the queries "
@@ -131,7 +118,7 @@ def _cross_judge(got, want, case):
         ("your softmax runs over the queries (dim=-2); each query's weights over the context must sum to 1 "
          "(dim=-1).", cand(dim=-2)),
     ]
-    hint = _first_match(got["out"], candidates)
+    hint = first_match(got["out"], candidates)
     if hint:
         return Verdict(False, hint)
     return Verdict(False, "wrong values; check the order: project, split heads, scores / √d_h, mask, "
@@ -257,7 +244,7 @@ def _split_judge(got, want, case):
         ("the image tokens come first in the context: image = [:num_image_tokens], text = the rest.",
          _split_ref(i["q"], i["k"], i["v"], n, text_first=True) if 2 * n != L else None),
     ]
-    hint = _first_match(got["out"], candidates)
+    hint = first_match(got["out"], candidates)
     return Verdict(False, hint or "wrong values: out = attn(q, k_img, v_img) + attn(q, k_txt, v_txt), "
                                   "each softmax(q kᵀ/√d) v.")
 

@@ -11,24 +11,11 @@ import math
 
 import torch
 
-from ..spec import FORBID_COURSE, FORBID_SDPA, Case, Exercise, Verdict, close
+from ..spec import Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, close, diagnose
 
 __all__ = ["EXERCISES"]
 
 _F64 = torch.float64
-
-
-def _same(got: torch.Tensor, cand: torch.Tensor | None, atol: float = 1e-4) -> bool:
-    if cand is None or got.shape != cand.shape:
-        return False
-    return bool(torch.allclose(got.double(), cand.double(), atol=atol, rtol=1e-3, equal_nan=True))
-
-
-def _first(got, candidates, default):
-    for hint, cand in candidates:
-        if _same(got, cand):
-            return Verdict(False, hint)
-    return Verdict(False, default)
 
 
 # ---- 05_time_matrix -------------------------------------------------------------------------------------
@@ -88,7 +75,7 @@ def _tm_judge(got, want, case):
                _tm_ref(T, keep, use_keep=False)),
               ("padded rows are out of TᵀT but still in the norm: take ‖T‖_F after zeroing them.",
                _tm_ref(T, keep, norm_before_mask=True))]
-    return _first(got["M"], c, "wrong values: M[b, h] = T[b, h]ᵀ T[b, h] / ‖T[b, h]‖_F, shape (B, H, d, d).")
+    return diagnose(got["M"], c, "wrong values: M[b, h] = T[b, h]ᵀ T[b, h] / ‖T[b, h]‖_F, shape (B, H, d, d).")
 
 
 # ---- 05_temporal_weights --------------------------------------------------------------------------------
@@ -145,7 +132,7 @@ def _tw_judge(got, want, case):
     if q.shape[0] * q.shape[1] > 1:
         c.append(("you divided by the norm of the whole batch (as the authors' code does): take ‖T‖_F per "
                   "sample and head.", _tw_ref(q, k, T, norm="batch")))
-    return _first(got["weights"], c, "wrong values: weights = softmax(Q M Kᵀ / √d_h) with M = TᵀT / ‖T‖_F.")
+    return diagnose(got["weights"], c, "wrong values: weights = softmax(Q M Kᵀ / √d_h) with M = TᵀT / ‖T‖_F.")
 
 
 # ---- 05_rank_one_scale ----------------------------------------------------------------------------------

@@ -10,22 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from ..spec import FORBID_COURSE, Case, Exercise, Verdict, close
+from ..spec import Case, Exercise, FORBID_COURSE, Verdict, close, diagnose
 
 __all__ = ["EXERCISES"]
 
 _F64 = torch.float64
-
-
-def _match(got: torch.Tensor, cand: torch.Tensor) -> bool:
-    return got.shape == cand.shape and bool(torch.allclose(got.double(), cand.double(), atol=1e-4, rtol=1e-3))
-
-
-def _first(got: torch.Tensor, candidates, fallback: str) -> Verdict:
-    for hint, cand in candidates:
-        if _match(got, cand):
-            return Verdict(False, hint)
-    return Verdict(False, fallback)
 
 
 # ---- 06_spatial_pool: the 2-channel descriptor [mean_c; max_c] -------------------------------------------
@@ -53,7 +42,7 @@ def _pool_judge(got, want, case):
     if close(got["pooled"], want["pooled"]):
         return Verdict(True)
     x = case.inputs["x"]
-    return _first(got["pooled"], [
+    return diagnose(got["pooled"], [
         ("max comes before mean in your stack: that is the official code's ChannelPool; the paper (and this "
          "course) stacks [AvgPool; MaxPool], mean first.", _pool_ref(x, order=("max", "mean"))),
         ("you pooled over H (dim=2): the spatial gate pools over the CHANNELS (dim=1), keeping one value per "
@@ -99,7 +88,7 @@ def _gate_judge(got, want, case):
         return Verdict(True)
     a, m = _gate_parts(case)
     g = lambda t: t[:, :, None, None].float()                                            # noqa: E731
-    return _first(got["M_c"], [
+    return diagnose(got["M_c"], [
         ("you used a softmax over the channels: CBAM's gates are independent sigmoids (they need not sum to 1).",
          g(torch.softmax(a + m, dim=1))),
         ("the sigmoid is applied to each branch and then summed: add the two MLP outputs FIRST, then one sigmoid.",
@@ -148,7 +137,7 @@ def _apply_judge(got, want, case):
             out.append((hint, fn().float()))
         except RuntimeError:                                   # that mistake cannot broadcast for this case
             pass
-    return _first(got["y"], out, "wrong values: y[b, c] must be s[b, c] * x[b, c] for every position.")
+    return diagnose(got["y"], out, "wrong values: y[b, c] must be s[b, c] * x[b, c] for every position.")
 
 
 # ---- 06_cbam_params: a number to compute ------------------------------------------------------------------

@@ -11,27 +11,16 @@ import math
 
 import torch
 
-from ..spec import FORBID_COURSE, FORBID_SDPA, Case, Exercise, Verdict, close
+from ..spec import Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, close, first_match
 
 __all__ = ["EXERCISES"]
 
 _F64 = torch.float64
 
 
-def _same(got: torch.Tensor, cand: torch.Tensor) -> bool:
-    return got.shape == cand.shape and bool(torch.allclose(got.double(), cand.double(), atol=1e-4, rtol=1e-3))
-
-
 def _max_diff(got: torch.Tensor, want: torch.Tensor) -> str:
     d = (got.double() - want.double()).abs()
     return "NaN" if torch.isnan(d).any() else f"{float(d.max()):.3g}"
-
-
-def _first_match(got: dict, candidates: list[tuple[str, dict]]) -> str | None:
-    for hint, cand in candidates:
-        if all(_same(got[k], cand[k]) for k in cand):
-            return hint
-    return None
 
 
 # ---- formulas (float64) with switchable mistakes ---------------------------------------------------------
@@ -101,7 +90,7 @@ def _combine_judge(got, want, case):
         (rank_major + "; and the scale is 1/R, not 1/√R.",
          {"out": _combine(*_views(case, head_major=False), scale="sqrtR")}),
     ]
-    hint = _first_match(got, candidates)
+    hint = first_match(got, candidates)
     return Verdict(False, hint or f"wrong values (largest difference {_max_diff(got['out'], want['out'])}).")
 
 
@@ -140,7 +129,7 @@ def _rope_judge(got, want, case):
         ("you ignored the given positions and used 0..L-1; when decoding, the new token sits at its true "
          "position (after the cached ones).", {"out": _rope(x, torch.arange(L))}),
     ]
-    hint = _first_match(got, candidates)
+    hint = first_match(got, candidates)
     return Verdict(False, hint or f"wrong values (largest difference {_max_diff(got['out'], want['out'])}).")
 
 
@@ -202,7 +191,7 @@ def _which_judge(got, want, case):
          "L next to d_h (B.transpose(1, 2)) before rotating, and back after.", _qkv(case, rank_axis=True)),
         ("the positions must start at `start` (the tokens already cached), not at 0.", _qkv(case, start=0)),
     ]
-    hint = _first_match(got, candidates)
+    hint = first_match(got, candidates)
     if hint:
         return Verdict(False, hint)
     if close(got["v"], want["v"]) and not close(got["q"], want["q"]):
@@ -298,7 +287,7 @@ def _fix_judge(got, want, case):
         ("the 1/√d_h scale is missing.", {"out": _attend(Q, K, V, scale=False)}),
         ("no causal mask and no 1/√d_h scale.", {"out": _attend(Q, K, V, causal=False, scale=False)}),
     ]
-    hint = _first_match(got, candidates)
+    hint = first_match(got, candidates)
     return Verdict(False, hint or f"wrong values (largest difference {_max_diff(got['out'], want['out'])}).")
 
 
