@@ -6,35 +6,13 @@ import torch
 from torch import nn
 
 from attn_course.grading.exercises import get
-from attn_course.grading.selfcheck import judge_case
+from exercise_kit import assert_all_pass, assert_hint, results
+
+IGNORE = ("out:", "RuntimeError", "expected")   # failures before any value is judged
 
 
-def results(ex_id, fn, seed=0):
-    ex = get(ex_id)
-    out = []
-    for case in ex.cases(torch.Generator().manual_seed(seed)):
-        try:
-            got = ex.answer(fn, case)
-        except Exception as exc:          # a mistake may crash on some case: that case fails
-            out.append((False, f"{type(exc).__name__}: {exc}"))
-            continue
-        r = judge_case(ex, got, ex.expected(case), case)
-        out.append((r.ok, r.message))
-    return out
-
-
-def assert_all_pass(ex_id, fn):
-    for seed in (0, 1, 2):
-        res = results(ex_id, fn, seed)
-        assert res and all(ok for ok, _ in res), res
-
-
-def assert_hint(ex_id, fn, hint):
-    """Some case fails with ``hint``, and every failing case that got past validation names it."""
-    res = results(ex_id, fn)
-    assert not all(ok for ok, _ in res), res
-    judged = [msg for ok, msg in res if not ok and not msg.startswith(("out:", "RuntimeError", "expected"))]
-    assert judged and all(hint in msg for msg in judged), res
+def _assert_hint(ex_id, fn, hint):
+    assert_hint(ex_id, fn, hint, ignore=IGNORE)
 
 
 def test_points_match_the_solutions_notebook():
@@ -99,15 +77,15 @@ def test_cross_matches_nn_multihead_attention_without_out_proj():
     (dict(dim=-2), "dim=-2"),
 ])
 def test_cross_mistakes(kwargs, hint):
-    assert_hint("04_cross_attend", lambda *a: cross(*a, **kwargs), hint)
+    _assert_hint("04_cross_attend", lambda *a: cross(*a, **kwargs), hint)
 
 
 # ---- 04_mha_key_padding -------------------------------------------------------------------------------------
 
 def test_key_padding_reference_and_mistakes():
     assert_all_pass("04_mha_key_padding", lambda lengths, L: torch.arange(L) >= lengths[:, None])
-    assert_hint("04_mha_key_padding", lambda lengths, L: torch.arange(L) < lengths[:, None], "inverted")
-    assert_hint("04_mha_key_padding", lambda lengths, L: torch.arange(L) > lengths[:, None], "off by one")
+    _assert_hint("04_mha_key_padding", lambda lengths, L: torch.arange(L) < lengths[:, None], "inverted")
+    _assert_hint("04_mha_key_padding", lambda lengths, L: torch.arange(L) > lengths[:, None], "off by one")
     res = results("04_mha_key_padding", lambda lengths, L: (torch.arange(L) >= lengths[:, None])[:, None, None])
     assert not any(ok for ok, _ in res) and "shape" in res[0][1]
 
@@ -116,9 +94,9 @@ def test_key_padding_reference_and_mistakes():
 
 def test_shapes_reference_and_mistakes():
     assert_all_pass("04_predict_shapes", lambda B, Lq, Lk, d, c, H: ((B, Lq, d), (B, H, Lq, Lk)))
-    assert_hint("04_predict_shapes", lambda B, Lq, Lk, d, c, H: ((B, Lq, d), (B, H, Lk, Lq)), "one row per query")
-    assert_hint("04_predict_shapes", lambda B, Lq, Lk, d, c, H: ((B, Lk, d), (B, H, Lq, Lk)), "its length is Lq")
-    assert_hint("04_predict_shapes", lambda B, Lq, Lk, d, c, H: ((B, Lq, c), (B, H, Lq, Lk)), "width is d_model")
+    _assert_hint("04_predict_shapes", lambda B, Lq, Lk, d, c, H: ((B, Lq, d), (B, H, Lk, Lq)), "one row per query")
+    _assert_hint("04_predict_shapes", lambda B, Lq, Lk, d, c, H: ((B, Lk, d), (B, H, Lq, Lk)), "its length is Lq")
+    _assert_hint("04_predict_shapes", lambda B, Lq, Lk, d, c, H: ((B, Lq, c), (B, H, Lq, Lk)), "width is d_model")
 
 
 # ---- 04_split_cross_attention -------------------------------------------------------------------------------
@@ -140,7 +118,7 @@ def test_split_reference_passes():
     (lambda q, k, v, n: split(q, k, v, k.shape[-2] - n), "image tokens come first"),
 ])
 def test_split_mistakes(fn, hint):
-    assert_hint("04_split_cross_attention", fn, hint)
+    _assert_hint("04_split_cross_attention", fn, hint)
 
 
 def test_split_hard_coded_257():

@@ -5,38 +5,17 @@ import pytest
 import torch
 from einops import rearrange
 
-from attn_course.grading.exercises import get
-from attn_course.grading.selfcheck import judge_case
 from attn_course.grading.spec import Case
 from attn_course.temporal import time_matrix as course_time_matrix
 
+from attn_course.grading.exercises import get
+from exercise_kit import assert_all_pass, assert_hint, results
 
-def results(ex_id, fn, seed=0):
-    ex = get(ex_id)
-    out = []
-    for case in ex.cases(torch.Generator().manual_seed(seed)):
-        try:
-            got = ex.answer(fn, case)
-        except Exception as exc:          # a mistake may crash on some case: that case fails
-            out.append((False, f"{type(exc).__name__}: {exc}"))
-            continue
-        r = judge_case(ex, got, ex.expected(case), case)
-        out.append((r.ok, r.message))
-    return out
+IGNORE = ("seq:", "M:", "weights:", "RuntimeError")   # failures before any value is judged
 
 
-def assert_all_pass(ex_id, fn):
-    for seed in (0, 1, 2):
-        res = results(ex_id, fn, seed)
-        assert res and all(ok for ok, _ in res), res
-
-
-def assert_hint(ex_id, fn, hint):
-    """Some case fails with ``hint``, and every failing case that got past validation names it."""
-    res = results(ex_id, fn)
-    assert not all(ok for ok, _ in res), res
-    judged = [msg for ok, msg in res if not ok and not msg.startswith(("seq:", "M:", "weights:", "RuntimeError"))]
-    assert judged and all(hint in msg for msg in judged), res
+def _assert_hint(ex_id, fn, hint):
+    assert_hint(ex_id, fn, hint, ignore=IGNORE)
 
 
 def test_points_match_the_solutions_notebook():
@@ -75,7 +54,7 @@ def test_time_matrix_reference_passes():
     (dict(norm_first=True), "still in the norm"),
 ])
 def test_time_matrix_mistakes(kwargs, hint):
-    assert_hint("05_time_matrix", lambda T, keep=None: tm(T, keep, **kwargs), hint)
+    _assert_hint("05_time_matrix", lambda T, keep=None: tm(T, keep, **kwargs), hint)
 
 
 def test_time_matrix_wrong_product_is_a_shape_error():
@@ -111,17 +90,17 @@ def test_temporal_weights_reference_passes():
     (dict(norm="batch"), "norm of the whole batch"),
 ])
 def test_temporal_weights_mistakes(kwargs, hint):
-    assert_hint("05_temporal_weights", lambda q, k, T: tw(q, k, T, **kwargs), hint)
+    _assert_hint("05_temporal_weights", lambda q, k, T: tw(q, k, T, **kwargs), hint)
 
 
 # ---- 05_rank_one_scale ----------------------------------------------------------------------------------------
 
 def test_rank_one_scale():
     assert_all_pass("05_rank_one_scale", lambda L, n, d: math.sqrt(L) / (n * math.sqrt(d)))
-    assert_hint("05_rank_one_scale", lambda L, n, d: 1 / (n * math.sqrt(d)), "√L is missing")
-    assert_hint("05_rank_one_scale", lambda L, n, d: L / (n * math.sqrt(d)), "L instead of √L")
-    assert_hint("05_rank_one_scale", lambda L, n, d: math.sqrt(L) / n, "1/√d_h")
-    assert_hint("05_rank_one_scale", lambda L, n, d: math.sqrt(L) / (n * n * math.sqrt(d)), "‖t̄‖ appears once")
+    _assert_hint("05_rank_one_scale", lambda L, n, d: 1 / (n * math.sqrt(d)), "√L is missing")
+    _assert_hint("05_rank_one_scale", lambda L, n, d: L / (n * math.sqrt(d)), "L instead of √L")
+    _assert_hint("05_rank_one_scale", lambda L, n, d: math.sqrt(L) / n, "1/√d_h")
+    _assert_hint("05_rank_one_scale", lambda L, n, d: math.sqrt(L) / (n * n * math.sqrt(d)), "‖t̄‖ appears once")
 
 
 def test_rank_one_scale_matches_the_module():
@@ -143,8 +122,8 @@ def test_rank_one_scale_matches_the_module():
 
 def test_video_frames():
     assert_all_pass("05_video_frames", lambda x: rearrange(x, "b f n c -> (b n) f c"))
-    assert_hint("05_video_frames", lambda x: rearrange(x, "b f n c -> (b f) n c"), "spatial attention")
-    assert_hint("05_video_frames", lambda x: rearrange(x, "b f n c -> (b f) n c"), "without moving the frame axis")
-    assert_hint("05_video_frames", lambda x: x.reshape(x.shape[0] * x.shape[2], x.shape[1], x.shape[3]),
+    _assert_hint("05_video_frames", lambda x: rearrange(x, "b f n c -> (b f) n c"), "spatial attention")
+    _assert_hint("05_video_frames", lambda x: rearrange(x, "b f n c -> (b f) n c"), "without moving the frame axis")
+    _assert_hint("05_video_frames", lambda x: x.reshape(x.shape[0] * x.shape[2], x.shape[1], x.shape[3]),
                 "without moving the frame axis")
-    assert_hint("05_video_frames", lambda x: rearrange(x, "b f n c -> (n b) f c"), "(n b)")
+    _assert_hint("05_video_frames", lambda x: rearrange(x, "b f n c -> (n b) f c"), "(n b)")

@@ -1,35 +1,14 @@
 """Exercise set 06: the reference solutions pass every case; each common mistake fails with ITS hint."""
+from functools import partial
+
 import pytest
 import torch
 
-from attn_course.grading.exercises import get
-from attn_course.grading.spec import validate
+import exercise_kit
+from exercise_kit import results
 
-
-def _run(ex_id, obj):
-    """[(ok, hint)] per case, exactly as check() would judge them (validated first)."""
-    ex = get(ex_id)
-    out = []
-    for case in ex.cases(torch.Generator().manual_seed(0)):
-        want = ex.expected(case)
-        try:
-            got = ex.answer(obj, case)
-        except RuntimeError as err:                        # a mistake that cannot broadcast for this case
-            out.append((False, f"error: {err}"))
-            continue
-        reason = validate(got, want)
-        if reason is not None:
-            out.append((False, reason))
-            continue
-        v = ex.judge(got, want, case)
-        out.append((v.ok, v.hint))
-    return out
-
-
-def _fails_with(ex_id, obj, fragment):
-    results = _run(ex_id, obj)
-    assert not all(ok for ok, _ in results)
-    assert any(fragment in hint for ok, hint in results if not ok), results
+# some cases cannot tell two mistakes apart, so a mistake need only be named on the cases that can
+assert_hint = partial(exercise_kit.assert_hint, every=False)
 
 
 # ---- reference solutions --------------------------------------------------------------------------------
@@ -54,8 +33,8 @@ def cbam_params(channels, reduction, kernel_size):
 @pytest.mark.parametrize("ex_id,obj", [("06_spatial_pool", spatial_pool), ("06_channel_gate", channel_gate),
                                        ("06_apply_gate", apply_gate), ("06_cbam_params", cbam_params)])
 def test_reference_passes_every_case(ex_id, obj):
-    results = _run(ex_id, obj)
-    assert len(results) >= 3 and all(ok for ok, _ in results), results
+    res = results(ex_id, obj)
+    assert len(res) >= 3 and all(ok for ok, _ in res), res
 
 
 def test_points_and_ids():
@@ -74,7 +53,7 @@ def test_points_and_ids():
     (lambda x: x.mean(1, keepdim=True) + x.amax(1, keepdim=True), "expected shape"),   # seed 000: a sum, 1 channel
 ])
 def test_spatial_pool_mistakes(fn, fragment):
-    _fails_with("06_spatial_pool", fn, fragment)
+    assert_hint("06_spatial_pool", fn, fragment)
 
 
 def _gate_mistake(kind):
@@ -92,7 +71,7 @@ def _gate_mistake(kind):
                                            ("avg_only", "that is SE"), ("max_only", "only the max-pooled"),
                                            ("mean", "ADDS them")])
 def test_channel_gate_mistakes(kind, fragment):
-    _fails_with("06_channel_gate", _gate_mistake(kind), fragment)
+    assert_hint("06_channel_gate", _gate_mistake(kind), fragment)
 
 
 @pytest.mark.parametrize("fn,fragment", [
@@ -102,7 +81,7 @@ def test_channel_gate_mistakes(kind, fragment):
     (lambda x, s: x * s[0][None, :, None, None], "sample 0"),
 ])
 def test_apply_gate_mistakes(fn, fragment):
-    _fails_with("06_apply_gate", fn, fragment)
+    assert_hint("06_apply_gate", fn, fragment)
 
 
 @pytest.mark.parametrize("fn,fragment", [
@@ -113,7 +92,7 @@ def test_apply_gate_mistakes(fn, fragment):
     (lambda C, r, k: cbam_params(C, r, k) - 2 * k * k, "forgot the spatial gate"),
 ])
 def test_cbam_params_mistakes(fn, fragment):
-    _fails_with("06_cbam_params", fn, fragment)
+    assert_hint("06_cbam_params", fn, fragment)
 
 
 def test_course_module_agrees_with_the_parameter_count():

@@ -6,37 +6,11 @@ import torch
 import torch.nn.functional as F
 
 from attn_course import TensorProductAttention, kv_cache_bytes
-from attn_course.grading.exercises import get
-from attn_course.grading.selfcheck import judge_case
 from attn_course.rope import apply_rope
 from attn_course.tpa import combine_factors
 
-
-def results(ex_id, fn, seed=0):
-    ex = get(ex_id)
-    out = []
-    for case in ex.cases(torch.Generator().manual_seed(seed)):
-        try:
-            got = ex.answer(fn, case)
-        except Exception as exc:          # a mistake may crash on some case: that case fails
-            out.append((False, f"{type(exc).__name__}: {exc}"))
-            continue
-        r = judge_case(ex, got, ex.expected(case), case)
-        out.append((r.ok, r.message))
-    return out
-
-
-def assert_all_pass(ex_id, fn):
-    for seed in (0, 1, 2):
-        res = results(ex_id, fn, seed)
-        assert res and all(ok for ok, _ in res), res
-
-
-def assert_hint(ex_id, fn, hint):
-    """Some case fails, and every failing case names ``hint``."""
-    res = results(ex_id, fn)
-    assert not all(ok for ok, _ in res), res
-    assert all(hint in msg for ok, msg in res if not ok), res
+from attn_course.grading.exercises import get
+from exercise_kit import assert_all_pass, assert_hint, results
 
 
 # ---- 07_tpa_combine ----------------------------------------------------------------------------------
