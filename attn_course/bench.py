@@ -1,0 +1,332 @@
+"""``attn-course bench``: naive attention vs ``flash_attention`` vs SDPA, side by side, in one run.
+
+Every cell of the table is measured in a **fresh Python process**, so one method's allocator caches
+never flatter or penalise another's:
+
+* time: median of ``--repeats`` runs (after one warm-up run of the same size);
+* peak extra memory: on CPU the rise of the process's resident set size (RSS) during one run — after a
+  warm-up run of the same size (so lazily loaded code and JIT-compiled kernels are not counted), the
+  peak-RSS counter (``VmHWM``) is reset via ``/proc/self/clear_refs`` (Linux; ``ru_maxrss`` elsewhere)
+  and the baseline is the RSS with the inputs allocated. During that run glibc's malloc is told to
+  serve every block ≥ 64 KiB with its own ``mmap`` (``mallopt``), so memory freed by the warm-up is not
+  silently reused and every tensor shows up in RSS. On CUDA it is the caching allocator's peak
+  (``torch.cuda.max_memory_allocated``) above the inputs.
+
+"naive" is the three-line textbook computation ``softmax(Q Kᵀ · scale) V`` (with the causal mask filled
+in place), which materialises the ``L × L`` scores and weights; "flash" is :func:`attn_course.flash_attention`
+(tiles ``--block`` × ``--block``); "sdpa" is ``torch.nn.functional.scaled_dot_product_attention``, which
+on CPU and CUDA dispatches to fused kernels that do not store the matrix either.
+
+Run it on a quiet machine. On a busy one, OpenMP threads that spin-wait for each other stall every op,
+which hurts the tiled loop's many small ops most; ``OMP_WAIT_POLICY=PASSIVE attn-course bench …`` (or
+``--threads 1``) is then fairer to all three methods, at some cost on a quiet machine.
+
+Usage: ``attn-course bench [--lengths 512 1024 ...] [--modes fwd fwd+bwd] [--causal both] [--repeats 3]``
+(also ``python -m attn_course.bench``). ``--check`` evaluates the course's CPU targets and exits 1 if one
+is missed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+__all__ = ["main", "measure", "largest_tensor_created", "run_benchmark", "format_table", "check_targets", "METHODS", "TARGETS"]
+
+METHODS = ("naive", "flash", "sdpa")
+COLUMNS = ("mode", "causal", "L", "naive ms", "flash ms", "sdpa ms", "naive MiB", "flash MiB", "sdpa MiB",
+           "flash/naive time", "flash/sdpa time", "flash/naive mem")
+
+# (description, mode, causal, L, metric, bound) — the CPU targets of the FlashAttention lesson
+TARGETS = (
+    ("forward, L=4096: flash memory <= 5% of naive", "fwd", False, 4096, "flash/naive mem", 0.05),
+    ("forward, L=4096: flash time <= 1.0x naive", "fwd", False, 4096, "flash/naive time", 1.0),
+    ("forward, L=4096: flash time <= 2x SDPA", "fwd", False, 4096, "flash/sdpa time", 2.0),
+    ("causal forward, L=4096: flash time <= 0.5x naive", "fwd", True, 4096, "flash/naive time", 0.5),
+    ("forward+backward, L=2048: flash memory <= 20% of naive", "fwd+bwd", False, 2048, "flash/naive mem", 0.20),
+)
+
+
+def _naive(q, k, v, is_causal):
+    import torch
+    S = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(q.shape[-1]))          # (B, H, L, L)
+    if is_causal:
+        L = q.shape[-2]
+        S = S.masked_fill(~torch.ones(L, L, dtype=torch.bool, device=q.device).tril(), -math.inf)
+    return torch.softmax(S, dim=-1) @ v                                    # (B, H, L, D)
+
+
+def _method(name: str, block: int):
+    import torch.nn.functional as F
+
+    from .flash import flash_attention
+    return {"naive": _naive,
+            "flash": lambda q, k, v, c: flash_attention(q, k, v, is_causal=c, block_q=block, block_k=block),
+            "sdpa": lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c)}[name]
+
+
+def largest_tensor_created(fn, *args, **kwargs) -> int:
+    """Bytes of the largest tensor any op creates while ``fn(*args, **kwargs)`` runs (and, if its result
+    requires grad, while ``result.sum().backward()`` runs). Deterministic, unlike RSS: it counts what the
+    code asks for, whatever the allocator does with it."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                if isinstance(t, torch.Tensor):
+                    Recorder.largest = max(Recorder.largest, t.numel() * t.element_size())
+            return out
+
+    with Recorder():
+        out = fn(*args, **kwargs)
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.sum().backward()
+    return Recorder.largest
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _mallopt_mmap_threshold(nbytes: int) -> None:
+    """glibc only: allocations of at least ``nbytes`` get their own mmap (returned to the OS on free)."""
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-3, int(nbytes))                                      # -3 = M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS counter (Linux ≥ 4.0); False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss_bytes(reset_ok: bool) -> int:
+    if reset_ok:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024       # Linux reports KiB
+
+
+def measure(method: str, *, L: int, mode: str = "fwd", causal: bool = False, batch: int = 1, heads: int = 8,
+            dim: int = 64, block: int = 128, dtype: str = "float32", device: str = "cpu", repeats: int = 3,
+            threads: int = 0, seed: int = 0) -> dict:
+    """Measure one method in the *current* process: ``{"times_s": [...], "time_s": median, "mem_bytes": peak extra}``.
+
+    Call it in a fresh process (as :func:`run_benchmark` does) for a meaningful memory figure.
+    """
+    import torch
+    previous_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return _measure(method, L, mode, causal, batch, heads, dim, block, dtype, device, repeats, seed)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _measure(method, L, mode, causal, batch, heads, dim, block, dtype, device, repeats, seed) -> dict:
+    import torch
+    torch.manual_seed(seed)
+    fn = _method(method, block)
+    dev, dt = torch.device(device), getattr(torch, dtype)
+    backward = mode == "fwd+bwd"
+    q, k, v = (torch.randn(batch, heads, L, dim, device=dev, dtype=dt, requires_grad=backward) for _ in range(3))
+    grad = torch.randn(batch, heads, L, dim, device=dev, dtype=dt)
+    cuda = dev.type == "cuda"
+
+    def run():
+        if backward:
+            out = fn(q, k, v, causal)
+            out.backward(grad)
+            q.grad = k.grad = v.grad = None
+        else:
+            with torch.no_grad():
+                fn(q, k, v, causal)
+        if cuda:
+            torch.cuda.synchronize()
+
+    if cuda:
+        run()                                                              # warm-up (kernels, cuBLAS handles)
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        run()
+        mem = torch.cuda.max_memory_allocated() - base
+    else:
+        _mallopt_mmap_threshold(64 * 1024)                                 # every tensor block: own mmap
+        run()                                                              # warm-up: code pages, JIT kernels
+        reset_ok = _reset_peak_rss()
+        base = _rss_bytes()
+        run()
+        mem = max(0, _peak_rss_bytes(reset_ok) - base)
+        _mallopt_mmap_threshold(32 * 2**20)                                # timing: glibc's usual reuse
+        run()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return {"method": method, "L": L, "mode": mode, "causal": causal, "times_s": times,
+            "time_s": statistics.median(times), "mem_bytes": int(mem)}
+
+
+def _measure_in_subprocess(method: str, timeout: float, **kw) -> dict:
+    cmd = [sys.executable, "-m", "attn_course.bench", "--worker", json.dumps({"method": method, **kw})]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"method": method, "error": f"timed out after {timeout:.0f} s"}
+    if res.returncode != 0:
+        tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"method": method, "error": f"exit {res.returncode}: {tail}"}
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def run_benchmark(*, lengths=(512, 1024, 2048, 4096, 8192), modes=("fwd", "fwd+bwd"), causal=(False, True),
+                  methods=METHODS, timeout: float = 600.0, progress=None, **kw) -> list[dict]:
+    """One table row per (mode, causal, L), each cell measured in its own fresh process.
+
+    ``kw`` goes to :func:`measure` (batch, heads, dim, block, dtype, device, repeats, threads).
+    ``progress(msg)`` is called before each measurement when given.
+    """
+    rows = []
+    for mode in modes:
+        for c in causal:
+            for L in lengths:
+                row = {"mode": mode, "causal": c, "L": L}
+                for m in methods:
+                    if progress:
+                        progress(f"{mode:7s} causal={c!s:5s} L={L:5d} {m}")
+                    row[m] = _measure_in_subprocess(m, timeout, L=L, mode=mode, causal=c, **kw)
+                rows.append(row)
+    return rows
+
+
+def _ratio(row, a, b, key):
+    x, y = row.get(a, {}).get(key), row.get(b, {}).get(key)
+    return None if x is None or not y else x / y
+
+
+def table_rows(rows: list[dict]) -> list[dict]:
+    """Flatten measurements into the table's columns (ms, MiB, ratios; None where not measured)."""
+    out = []
+    for r in rows:
+        t = {"mode": r["mode"], "causal": r["causal"], "L": r["L"]}
+        for m in METHODS:
+            cell = r.get(m, {})
+            t[f"{m} ms"] = None if "time_s" not in cell else cell["time_s"] * 1e3
+            t[f"{m} MiB"] = None if "mem_bytes" not in cell else cell["mem_bytes"] / 2**20
+        t["flash/naive time"] = _ratio(r, "flash", "naive", "time_s")
+        t["flash/sdpa time"] = _ratio(r, "flash", "sdpa", "time_s")
+        t["flash/naive mem"] = _ratio(r, "flash", "naive", "mem_bytes")
+        out.append(t)
+    return out
+
+
+def format_table(rows: list[dict]) -> str:
+    """A Markdown table of :func:`run_benchmark`'s rows."""
+    def fmt(col, x):
+        if x is None:
+            return "—"
+        if col == "causal":
+            return "yes" if x else "no"
+        if isinstance(x, float):
+            return f"{x:.2f}" if "/" in col else f"{x:.0f}" if x >= 10 else f"{x:.1f}"
+        return str(x)
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for t in table_rows(rows):
+        lines.append("| " + " | ".join(fmt(c, t[c]) for c in COLUMNS) + " |")
+    errors = [f"{r['mode']} causal={r['causal']} L={r['L']} {m}: {r[m]['error']}"
+              for r in rows for m in METHODS if "error" in r.get(m, {})]
+    return "\n".join(lines + [f"\nnot measured: {e}" for e in errors])
+
+
+def check_targets(rows: list[dict]) -> list[tuple[str, float | None, bool]]:
+    """Evaluate :data:`TARGETS` on the measured rows: ``(description, measured ratio or None, passed)``."""
+    flat = {(t["mode"], t["causal"], t["L"]): t for t in table_rows(rows)}
+    results = []
+    for desc, mode, causal, L, metric, bound in TARGETS:
+        value = flat.get((mode, causal, L), {}).get(metric)
+        results.append((desc, value, value is not None and value <= bound))
+    return results
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="attn-course bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    p.add_argument("--modes", nargs="+", choices=["fwd", "fwd+bwd"], default=["fwd", "fwd+bwd"])
+    p.add_argument("--causal", choices=["no", "yes", "both"], default="both")
+    p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--block", type=int, default=128, help="flash tile size (block_q = block_k)")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per cell (the median is reported)")
+    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads in each worker (0: default)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per measurement")
+    p.add_argument("--json", metavar="PATH", help="also write the raw measurements as JSON")
+    p.add_argument("--check", action="store_true", help="evaluate the CPU targets; exit 1 if one is missed")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.worker:
+        print(json.dumps(measure(**json.loads(args.worker))))
+        return 0
+    for name in ("batch", "heads", "dim", "block", "repeats"):
+        if getattr(args, name) <= 0:
+            raise SystemExit(f"attn-course bench: --{name} must be positive, got {getattr(args, name)}")
+    if args.device is None:
+        import torch
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    causal = {"no": (False,), "yes": (True,), "both": (False, True)}[args.causal]
+    progress = None if args.quiet else (lambda msg: print(f"measuring {msg}", file=sys.stderr, flush=True))
+    rows = run_benchmark(lengths=args.lengths, modes=args.modes, causal=causal, methods=args.methods,
+                         timeout=args.timeout, progress=progress, batch=args.batch, heads=args.heads,
+                         dim=args.dim, block=args.block, dtype=args.dtype, device=args.device,
+                         repeats=args.repeats, threads=args.threads)
+    print(f"B={args.batch} H={args.heads} D={args.dim} {args.dtype} {args.device} block={args.block}; "
+          f"time: median of {args.repeats}; memory: peak extra "
+          f"({'allocator peak' if args.device.startswith('cuda') else 'RSS rise, fresh process'})")
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": {k: v for k, v in vars(args).items() if k != "worker"}, "rows": rows}, f, indent=1)
+    if args.check:
+        results = check_targets(rows)
+        print()
+        for desc, value, ok in results:
+            print(f"{'PASS' if ok else 'FAIL'}  {desc}  (measured {'—' if value is None else f'{value:.3f}'})")
+        return 0 if all(ok for _, _, ok in results) else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

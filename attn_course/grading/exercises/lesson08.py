@@ -1,0 +1,320 @@
+"""Exercise set 08 — FlashAttention: online softmax, tiled forward, backward from the logsumexp, costs
+(solutions/08_flash_attention_tiling.ipynb).
+
+References are computed here in float64 from the definitions (softmax over the full score matrix,
+autograd of the explicit formula, closed-form counts), independently of the learner and of
+``attn_course.flash``. Hints are detected by computing what the common mistakes produce on the same inputs.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..spec import FORBID_COURSE, FORBID_SDPA, Case, Exercise, Verdict, close
+
+__all__ = ["EXERCISES"]
+
+_F64 = torch.float64
+_INF = float("inf")
+FORBID_SOFTMAX = ("torch.softmax", "torch.nn.functional.softmax", "torch.logsumexp", "torch.special.softmax")
+
+
+def _same(got: torch.Tensor, cand: torch.Tensor) -> bool:
+    return got.shape == cand.shape and bool(torch.allclose(got.double(), cand.double(), atol=1e-4, rtol=1e-3,
+                                                           equal_nan=True))
+
+
+def _first(got: dict, cands, default: str) -> Verdict:
+    for hint, cand in cands:
+        if all(_same(got[key], cand[key]) for key in cand):
+            return Verdict(False, hint)
+    return Verdict(False, default)
+
+
+def _has_nan(got: dict) -> bool:
+    return any(bool(torch.isnan(t).any()) for t in got.values() if t.is_floating_point())
+
+
+_NAN_HINT = ("NaN: a row whose tile is entirely −∞ gets m_new = −∞, and exp(s − m_new) = exp(−∞ + ∞) = NaN. "
+             "Subtract a finite stand-in (0) where m_new is −∞ — the row then keeps l = 0 and acc = 0.")
+_RESCALE_HINT = ("the accumulator is not rescaled: when a tile raises the max, multiply the old acc by "
+                 "α = exp(m − m_new) before adding the new tile's P̃ V (you rescaled only l, or neither).")
+
+
+# ---- 08_online_step: find and fix the bug -------------------------------------------------------------
+
+def _fold(step, tiles):
+    """Run ``step`` over (s, v) tiles from the empty state."""
+    s0, v0 = tiles[0]
+    m = torch.full((s0.shape[0], 1), -_INF, dtype=s0.dtype)
+    l, acc = torch.zeros(s0.shape[0], 1, dtype=s0.dtype), torch.zeros(s0.shape[0], v0.shape[1], dtype=s0.dtype)
+    for s, v in tiles:
+        m, l, acc = step(m, l, acc, s.clone(), v)
+    return {"m": m, "l": l, "acc": acc}
+
+
+def _tiles(case):
+    n = case.params["tiles"]
+    return [(case.inputs[f"s{j}"], case.inputs[f"v{j}"]) for j in range(n)]
+
+
+def _step_ref(m, l, acc, s, v, *, rescale_acc=True, rescale_l=True):
+    m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+    m_sub = torch.where(m_new == -_INF, 0.0, m_new)
+    p = torch.exp(s - m_sub)
+    alpha = torch.exp(m - m_sub)
+    l = (alpha if rescale_l else 1.0) * l + p.sum(-1, keepdim=True)
+    acc = (alpha if rescale_acc else 1.0) * acc + p @ v
+    return m_new, l, acc
+
+
+def _step_cases(gen):
+    out = []
+    for R, C, D, n, masked in [(3, 4, 2, 3, False), (4, 3, 5, 4, True), (2, 5, 3, 2, True), (5, 2, 4, 3, False)]:
+        inputs = {}
+        for j in range(n):
+            s = torch.randn(R, C, generator=gen, dtype=_F64) * 2 + j            # later tiles score higher
+            if masked and j == 0:
+                s[0] = -_INF                                                     # row 0: first tile fully masked
+            if masked and R > 2:
+                s[-1] = -_INF                                                    # last row: every key masked
+            inputs[f"s{j}"], inputs[f"v{j}"] = s, torch.randn(C, D, generator=gen, dtype=_F64)
+        name = f"{n} tiles of {R} rows × {C} keys, d={D}" + (", with fully masked tiles" if masked else "")
+        out.append(Case(name, inputs, {"tiles": n}))
+    return out
+
+
+def _step_answer(fn, case):
+    return _fold(fn, _tiles(case))
+
+
+def _step_expected(case):
+    S = torch.cat([s for s, _ in _tiles(case)], dim=1)                           # (R, all keys)
+    V = torch.cat([v for _, v in _tiles(case)], dim=0)
+    m = S.amax(-1, keepdim=True)
+    e = torch.exp(S - torch.where(m == -_INF, 0.0, m))                           # direct formula, one pass
+    return {"m": m, "l": e.sum(-1, keepdim=True), "acc": e @ V}
+
+
+def _step_judge(got, want, case):
+    if all(close(got[k], want[k]) for k in want):
+        return Verdict(True)
+    tiles = _tiles(case)
+    cands = [(_RESCALE_HINT, _fold(lambda *a: _step_ref(*a, rescale_acc=False), tiles)),
+             (_RESCALE_HINT, _fold(lambda *a: _step_ref(*a, rescale_acc=False, rescale_l=False), tiles)),
+             ("the denominator l is not rescaled: l_new = exp(m − m_new) · l + rowsum(P̃).",
+              _fold(lambda *a: _step_ref(*a, rescale_l=False), tiles))]
+    if _has_nan(got):
+        return _first(got, cands, _NAN_HINT)
+    return _first(got, cands, "compare with the recurrence: m_new = max(m, rowmax(s)), P̃ = exp(s − m_new), "
+                              "α = exp(m − m_new), l_new = α·l + rowsum(P̃), acc_new = α·acc + P̃ v.")
+
+
+# ---- 08_tiled_forward ---------------------------------------------------------------------------------
+
+def _attn_ref(q, k, v, causal, *, scale=True):
+    q, k, v = q.to(_F64), k.to(_F64), v.to(_F64)
+    s = q @ k.transpose(-2, -1) / (math.sqrt(q.shape[-1]) if scale else 1.0)
+    if causal:
+        Lq, Lk = s.shape[-2:]
+        s = s.masked_fill(torch.ones(Lq, Lk, dtype=torch.bool).triu(1), -_INF)
+    lse = torch.logsumexp(s, -1)
+    return torch.exp(s - lse[..., None]) @ v, lse, s
+
+
+def _tiled_cases(gen):
+    out = []
+    for B, H, L, d, block, causal in [(1, 2, 10, 4, 4, False), (2, 1, 13, 8, 5, True), (1, 3, 7, 2, 3, True),
+                                      (2, 2, 9, 4, 16, False)]:
+        out.append(Case(f"B={B}, H={H}, L={L}, d={d}, block={block}, causal={causal}",
+                        {n: torch.randn(B, H, L, d, generator=gen, dtype=_F64) for n in "qkv"},
+                        {"causal": causal, "block": block}))
+    return out
+
+
+def _tiled_answer(fn, case):
+    i, p = case.inputs, case.params
+    out, lse = fn(i["q"], i["k"], i["v"], p["causal"], p["block"])
+    return {"out": out, "lse": lse}
+
+
+def _tiled_expected(case):
+    i = case.inputs
+    out, lse, _ = _attn_ref(i["q"], i["k"], i["v"], case.params["causal"])
+    return {"out": out, "lse": lse}
+
+
+def _tiled_judge(got, want, case):
+    ok_out, ok_lse = close(got["out"], want["out"]), close(got["lse"], want["lse"])
+    if ok_out and ok_lse:
+        return Verdict(True)
+    i, c = case.inputs, case.params["causal"]
+    if ok_out:
+        _, lse, s = _attn_ref(i["q"], i["k"], i["v"], c)
+        m = s.amax(-1)
+        if _same(got["lse"], lse - m):
+            return Verdict(False, "the logsumexp must add the running max back: L = m + log ℓ (log ℓ alone "
+                                  "is relative to m).")
+        return Verdict(False, "the output is right but the logsumexp is not: return L = m + log ℓ per query row.")
+    if _has_nan(got):
+        return Verdict(False, _NAN_HINT)
+    nocausal = _attn_ref(i["q"], i["k"], i["v"], False)[0]
+    cands = [("the scores are not scaled: multiply Q Kᵀ by 1/√d.", {"out": _attn_ref(i["q"], i["k"], i["v"], c, scale=False)[0]})]
+    if c:
+        cands.append(("the causal mask is missing: query i may only see keys j ≤ i (and tiles past the "
+                      "diagonal are skipped).", {"out": nocausal}))
+    return _first(got, cands, "the output differs from softmax(QKᵀ/√d)V: check the rescale of acc and l by "
+                              "α = exp(m − m_new) at every tile, and the division by ℓ at the end.")
+
+
+# ---- 08_backward_from_lse -----------------------------------------------------------------------------
+
+def _bwd_cases(gen):
+    out = []
+    for B, H, L, d, causal in [(1, 2, 6, 4, False), (2, 1, 9, 3, True), (1, 1, 5, 8, True)]:
+        q, k, v = (torch.randn(B, H, L, d, generator=gen, dtype=_F64) for _ in range(3))
+        o, lse, _ = _attn_ref(q, k, v, causal)
+        out.append(Case(f"B={B}, H={H}, L={L}, d={d}, causal={causal}",
+                        {"q": q, "k": k, "v": v, "out": o, "lse": lse,
+                         "dout": torch.randn(B, H, L, d, generator=gen, dtype=_F64)}, {"causal": causal}))
+    return out
+
+
+def _bwd_answer(fn, case):
+    i = case.inputs
+    dq, dk, dv = fn(i["q"], i["k"], i["v"], i["out"], i["lse"], i["dout"], case.params["causal"])
+    return {"dq": dq, "dk": dk, "dv": dv}
+
+
+def _bwd_formula(case, *, use_lse=True, use_D=True, scale_grads=True):
+    i, c = case.inputs, case.params["causal"]
+    q, k, v, o, dO = (i[n] for n in ("q", "k", "v", "out", "dout"))
+    scale = 1 / math.sqrt(q.shape[-1])
+    s = q @ k.transpose(-2, -1) * scale
+    if c:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -_INF)
+    P = torch.exp(s - i["lse"][..., None]) if use_lse else torch.exp(s)
+    dv = P.transpose(-2, -1) @ dO
+    dP = dO @ v.transpose(-2, -1)
+    D = (dO * o).sum(-1, keepdim=True) if use_D else 0.0
+    dS = P * (dP - D)
+    g = scale if scale_grads else 1.0
+    return {"dq": dS @ k * g, "dk": dS.transpose(-2, -1) @ q * g, "dv": dv}
+
+
+def _bwd_expected(case):
+    i = case.inputs
+    q, k, v = (i[n].clone().requires_grad_() for n in "qkv")
+    out, _, _ = _attn_ref(q, k, v, case.params["causal"])                        # autograd of the explicit formula
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), i["dout"])
+    return {"dq": dq, "dk": dk, "dv": dv}
+
+
+def _bwd_judge(got, want, case):
+    ok = {key: close(got[key], want[key]) for key in want}
+    if all(ok.values()):
+        return Verdict(True)
+    for hint, kw in [
+        ("P must be recomputed as exp(S − L) with the saved logsumexp L; exp(S) alone is not normalised.",
+         dict(use_lse=False)),
+        ("dS = P ∘ (dP − D) with D = rowsum(dO ∘ O): you left out D (the softmax Jacobian's second term).",
+         dict(use_D=False)),
+        ("dQ and dK need the scale too: S = Q Kᵀ · scale, so dQ = dS K · scale and dK = dSᵀ Q · scale.",
+         dict(scale_grads=False)),
+    ]:
+        cand = _bwd_formula(case, **kw)
+        if all(_same(got[key], cand[key]) for key in ("dq", "dk", "dv") if not ok[key]):
+            return Verdict(False, hint)
+    if ok["dv"]:
+        return Verdict(False, "dV is right; for dQ, dK: dP = dO Vᵀ, dS = P ∘ (dP − D), dQ = dS K·scale, dK = dSᵀ Q·scale.")
+    return Verdict(False, "recompute S = Q Kᵀ·scale (masked), P = exp(S − L), then dV = Pᵀ dO.")
+
+
+# ---- 08_causal_tiles ----------------------------------------------------------------------------------
+
+def _tiles_cases(gen):
+    return [Case(f"L={L}, block_q={bq}, block_k={bk}", params={"L": L, "block_q": bq, "block_k": bk})
+            for L, bq, bk in [(1024, 128, 128), (1000, 64, 64), (512, 128, 64), (300, 32, 128), (100, 7, 13)]]
+
+
+def _tiles_answer(fn, case):
+    return {"tiles": torch.tensor(int(fn(**case.params)), dtype=torch.int64)}
+
+
+def _tiles_count(L, block_q, block_k):
+    """Key tiles a query block visits: those starting at or before its last query."""
+    return sum(math.ceil(min(L, q0 + block_q) / block_k) for q0 in range(0, L, block_q))
+
+
+def _tiles_expected(case):
+    return {"tiles": torch.tensor(_tiles_count(**case.params), dtype=torch.int64)}
+
+
+def _tiles_judge(got, want, case):
+    g, p = int(got["tiles"]), case.params
+    if g == int(want["tiles"]):
+        return Verdict(True)
+    Tq, Tk = math.ceil(p["L"] / p["block_q"]), math.ceil(p["L"] / p["block_k"])
+    if g == Tq * Tk:
+        return Verdict(False, "that is every tile: causal attention skips the tiles entirely above the diagonal.")
+    if g in (Tq * (Tq + 1) // 2, Tk * (Tk + 1) // 2):
+        return Verdict(False, "T(T+1)/2 holds only when block_q = block_k divides L; count per query block the "
+                              "key tiles that start at or before its last query.")
+    return Verdict(False, f"expected the number of (query block, key tile) pairs with some visible key, got {g}.")
+
+
+# ---- 08_hbm_traffic -----------------------------------------------------------------------------------
+
+def _io_cases(gen):
+    return [Case(f"N={N}, d={d}, B_r={br}, B_c={bc}", params={"N": N, "d": d, "block_q": br, "block_k": bc})
+            for N, d, br, bc in [(4096, 64, 128, 64), (1000, 32, 64, 64), (512, 128, 16, 128), (100, 8, 30, 7)]]
+
+
+def _io_answer(fn, case):
+    return {"elements": torch.tensor(int(fn(**case.params)), dtype=torch.int64)}
+
+
+def _io_count(N, d, block_q, block_k, *, kv=2, per="q", writes=True):
+    blocks = math.ceil(N / (block_q if per == "q" else block_k))
+    return N * d + blocks * kv * N * d + ((N * d + N) if writes else 0)
+
+
+def _io_expected(case):
+    return {"elements": torch.tensor(_io_count(**case.params), dtype=torch.int64)}
+
+
+def _io_judge(got, want, case):
+    g, p = int(got["elements"]), case.params
+    if g == int(want["elements"]):
+        return Verdict(True)
+    for hint, value in [
+        ("K and V are both streamed for every query block: 2·N·d per block.", _io_count(**p, kv=1)),
+        ("the number of passes over K, V is the number of QUERY blocks, ⌈N/B_r⌉ (the outer loop), not ⌈N/B_c⌉.",
+         _io_count(**p, per="k")),
+        ("add the writes: O (N·d) and the logsumexp (N) are written once.", _io_count(**p, writes=False)),
+    ]:
+        if g == value:
+            return Verdict(False, hint)
+    return Verdict(False, "reads: Q once (N·d) + ⌈N/B_r⌉ passes over K and V (2·N·d each); writes: O and L once.")
+
+
+EXERCISES = [
+    Exercise("08_online_step", 3, "Fix the online-softmax step",
+             "a function online_step(m, l, acc, s, v) -> (m_new, l_new, acc_new)",
+             _step_cases, _step_answer, _step_expected, _step_judge, forbidden=FORBID_COURSE + FORBID_SOFTMAX),
+    Exercise("08_tiled_forward", 3, "Tiled attention forward with the logsumexp",
+             "a function tiled_attention(q, k, v, causal, block) -> (out, lse)",
+             _tiled_cases, _tiled_answer, _tiled_expected, _tiled_judge,
+             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX),
+    Exercise("08_backward_from_lse", 3, "Backward from the output and the logsumexp",
+             "a function attention_backward(q, k, v, out, lse, dout, causal) -> (dq, dk, dv)",
+             _bwd_cases, _bwd_answer, _bwd_expected, _bwd_judge,
+             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX + ("torch.autograd",)),
+    Exercise("08_causal_tiles", 1, "How many tiles does causal attention compute?",
+             "a function causal_tiles(L, block_q, block_k) -> int",
+             _tiles_cases, _tiles_answer, _tiles_expected, _tiles_judge, forbidden=FORBID_COURSE),
+    Exercise("08_hbm_traffic", 2, "Slow-memory traffic of the tiled forward",
+             "a function tiled_traffic(N, d, block_q, block_k) -> int",
+             _io_cases, _io_answer, _io_expected, _io_judge, forbidden=FORBID_COURSE),
+]

@@ -1,0 +1,77 @@
+"""attn-course bench: the side-by-side table is produced with the right columns, memory is measured."""
+import json
+
+import pytest
+
+from attn_course import bench
+
+
+def _row(mode, causal, L, t, mem):
+    """A measured row: t and mem map method -> seconds / bytes."""
+    return {"mode": mode, "causal": causal, "L": L,
+            **{m: {"time_s": t[m], "mem_bytes": mem[m]} for m in bench.METHODS}}
+
+
+def test_format_table_columns_and_ratios():
+    rows = [_row("fwd", False, 512, {"naive": 0.2, "flash": 0.1, "sdpa": 0.05},
+                 {"naive": 64 * 2**20, "flash": 2**20, "sdpa": 2**20})]
+    text = bench.format_table(rows)
+    header, sep, line = text.splitlines()[:3]
+    assert [c.strip() for c in header.strip("|").split("|")] == list(bench.COLUMNS)
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[:3] == ["fwd", "no", "512"]
+    assert cells[3:6] == ["200", "100", "50"]                       # ms
+    assert cells[6:9] == ["64", "1.0", "1.0"]                       # MiB
+    assert cells[9:] == ["0.50", "2.00", "0.02"]                    # flash/naive time, flash/sdpa time, mem
+
+
+def test_errors_are_listed_not_fatal():
+    rows = [{"mode": "fwd", "causal": True, "L": 64, "naive": {"error": "timed out after 1 s"},
+             "flash": {"time_s": 0.01, "mem_bytes": 0}, "sdpa": {"time_s": 0.01, "mem_bytes": 0}}]
+    text = bench.format_table(rows)
+    assert "| fwd | yes | 64 | — | 10 | 10 |" in text
+    assert "not measured: fwd causal=True L=64 naive: timed out after 1 s" in text
+
+
+def test_check_targets():
+    ok = [_row("fwd", False, 4096, {"naive": 1.0, "flash": 0.8, "sdpa": 0.5}, {"naive": 100, "flash": 4, "sdpa": 4}),
+          _row("fwd", True, 4096, {"naive": 1.0, "flash": 0.4, "sdpa": 0.3}, {"naive": 100, "flash": 4, "sdpa": 4}),
+          _row("fwd+bwd", False, 2048, {"naive": 1.0, "flash": 2.0, "sdpa": 1.0}, {"naive": 100, "flash": 19, "sdpa": 9})]
+    assert all(passed for _, _, passed in bench.check_targets(ok))
+    slow = [dict(r) for r in ok]
+    slow[0] = _row("fwd", False, 4096, {"naive": 1.0, "flash": 1.1, "sdpa": 0.6}, {"naive": 100, "flash": 6, "sdpa": 4})
+    failed = [d for d, _, passed in bench.check_targets(slow) if not passed]
+    assert failed == ["forward, L=4096: flash memory <= 5% of naive", "forward, L=4096: flash time <= 1.0x naive"]
+    missing = bench.check_targets(ok[:1])
+    assert [v for _, v, _ in missing[3:]] == [None, None] and not any(p for _, _, p in missing[3:])
+
+
+@pytest.mark.parametrize("method", bench.METHODS)
+@pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
+def test_measure_in_process(method, mode):
+    r = bench.measure(method, L=48, mode=mode, causal=True, heads=2, dim=8, block=16, repeats=2)
+    assert set(r) == {"method", "L", "mode", "causal", "times_s", "time_s", "mem_bytes"}
+    assert len(r["times_s"]) == 2 and r["time_s"] > 0 and r["mem_bytes"] >= 0
+
+
+def test_main_end_to_end_measures_quadratic_memory_of_naive(tmp_path, capsys):
+    """Fresh processes: naive's L×L scores and weights (2 × 8·1024² fp32 = 64 MiB) show up in RSS;
+    flash stays a few tiles."""
+    out = tmp_path / "bench.json"
+    code = bench.main(["--lengths", "1024", "--modes", "fwd", "--causal", "no", "--methods", "naive", "flash",
+                       "--repeats", "1", "--quiet", "--device", "cpu", "--json", str(out)])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "| fwd | no | 1024 |" in text and "| — |" in text            # sdpa column not measured
+    (row,) = json.loads(out.read_text())["rows"]
+    assert "mem_bytes" in row["naive"] and "mem_bytes" in row["flash"], row
+    naive, flash = row["naive"]["mem_bytes"], row["flash"]["mem_bytes"]
+    assert naive >= 60 * 2**20, naive
+    assert flash < 0.05 * naive, (flash, naive)
+
+
+def test_bad_arguments_exit():
+    with pytest.raises(SystemExit):
+        bench.main(["--modes", "sideways"])
+    with pytest.raises(SystemExit, match="--repeats must be positive"):
+        bench.main(["--repeats", "0"])
