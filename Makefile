@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e ".[lab,dev]"
+	$(BIN)/python -m pip install --quiet -e ".[lab,dev,triton]"
 	touch $@
 
 lab: setup

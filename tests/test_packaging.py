@@ -15,7 +15,7 @@ def _pyproject():
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-def _pyproject_requirements(extras=("lab", "dev")) -> dict[str, Requirement]:
+def _pyproject_requirements(extras=("lab", "dev", "triton")) -> dict[str, Requirement]:
     proj = _pyproject()["project"]
     reqs = list(proj["dependencies"])
     for extra in extras:
@@ -99,7 +99,7 @@ def _make_recipe(target: str) -> list[str]:
 def test_makefile_installs_tested_torch_before_the_package():
     recipe = _make_recipe("$(VENV)/.installed")
     torch_line = next(i for i, l in enumerate(recipe) if f"torch=={TESTED_TORCH}" in l)
-    pkg_line = next(i for i, l in enumerate(recipe) if re.search(r"pip install .*-e \"?\.\[lab,dev\]", l))
+    pkg_line = next(i for i, l in enumerate(recipe) if re.search(r"pip install .*-e \"?\.\[lab,dev,triton\]", l))
     assert torch_line < pkg_line
     for target in ("lab", "test"):
         deps = re.search(rf"^{target}\s*:(.*)$", (ROOT / "Makefile").read_text(), re.M).group(1)
