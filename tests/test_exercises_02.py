@@ -20,10 +20,14 @@ def split_ok(x, H):
     return x.view(B, L, H, D // H).transpose(1, 2)
 
 
+def split_interleaved(x, H):
+    return x.view(*x.shape[:2], -1, H).permute(0, 3, 1, 2)
+
+
 def test_split_heads():
     assert_all_pass("02_split_heads", split_ok)
     assert_hint("02_split_heads", lambda x, H: x.reshape(x.shape[0], H, x.shape[1], -1), "x.view(B, H, L, d_h)")
-    assert_hint("02_split_heads", lambda x, H: x.view(*x.shape[:2], -1, H).permute(0, 3, 1, 2), "every H-th feature")
+    assert_hint("02_split_heads", split_interleaved, "every H-th feature")
 
 
 def test_merge_heads():
@@ -34,13 +38,13 @@ def test_merge_heads():
 
 # --- mha_forward -------------------------------------------------------------------------------------
 
-def make_mha(scale_by="d_h", transpose=True, causal_mask=True, heads=None):
+def make_mha(scale_by="d_h", transpose=True, causal_mask=True, heads=None, split=split_ok):
     def mha_forward(x, W_q, W_k, W_v, W_o, num_heads, causal):
         H = num_heads if heads is None else heads
         B, L, D = x.shape
         proj = (lambda W: x @ W.T) if transpose else (lambda W: x @ W)
-        q, k, v = (split_ok(proj(W), H) for W in (W_q, W_k, W_v))
-        s = q @ k.transpose(-2, -1) / math.sqrt(D // H if scale_by == "d_h" else D)
+        q, k, v = (split(proj(W), H) for W in (W_q, W_k, W_v))
+        s = q @ k.transpose(-2, -1) / math.sqrt({"d_h": D // H, "d_model": D, "none": 1}[scale_by])
         if causal and causal_mask:
             s = s.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
         y = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(B, L, D)
@@ -54,6 +58,8 @@ def test_mha_forward():
     assert_hint("02_mha_forward", make_mha(transpose=False), "x @ W.T")
     assert_hint("02_mha_forward", make_mha(causal_mask=False), "causal mask is missing")
     assert_hint("02_mha_forward", make_mha(heads=1), "ONE head")
+    assert_hint("02_mha_forward", make_mha(scale_by="none"), "not scaled")
+    assert_hint("02_mha_forward", make_mha(split=split_interleaved), "every H-th feature")
 
 
 # --- flops -------------------------------------------------------------------------------------------

@@ -98,6 +98,11 @@ def test_decode_step():
     assert_hint("03_decode_step", make_decode(expand=expand_tiled), "repeat_interleave")
     assert_hint("03_decode_step", make_decode(scale=False), "not scaled")
 
+    def prepends_to_caches(*args):                      # right y, but the new k, v put FIRST in the caches
+        y, k, v = make_decode()(*args)
+        return y, k.roll(1, dims=2), v.roll(1, dims=2)
+    assert_hint("03_decode_step", prepends_to_caches, "new token's k and v appended")
+
 
 def test_decode_step_matches_package_module():
     """The exercise's reference is the package's GQA decoding, computed independently."""
