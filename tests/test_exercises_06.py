@@ -90,6 +90,7 @@ def test_apply_gate_mistakes(fn, fragment):
     (lambda C, r, k: cbam_params(C, r, k) + 1, "no bias"),
     (lambda C, r, k: cbam_params(C, r, k) - k * k, "TWO input channels"),
     (lambda C, r, k: cbam_params(C, r, k) - 2 * k * k, "forgot the spatial gate"),
+    (lambda C, r, k: cbam_params(C, r, k) - 2 * k * k + 2 * k * k * C, "not the C channels"),
 ])
 def test_cbam_params_mistakes(fn, fragment):
     assert_hint("06_cbam_params", fn, fragment)

@@ -2,7 +2,6 @@
 import matplotlib
 import pytest
 import torch
-import torch.nn.functional as F
 from torch.testing import assert_close
 
 import attn_course
@@ -263,6 +262,16 @@ def test_flops_and_params_match_hand_count():
     assert demo.count_params(demo.TargetFinder(False)) == K * K + K                        # the classifier only
     extra = (C * 3 + 3) + (3 * C + C) + 2 * 49                                             # fc1, fc2, spatial conv
     assert demo.count_params(demo.TargetFinder(True)) - demo.count_params(demo.TargetFinder(False)) == extra
+
+
+def test_cbam_flops_are_a_small_fraction_of_a_3x3_conv():
+    """Lesson 06 §8: on a ResNet-stage feature map CBAM costs well under 1 % of one 3×3 conv's FLOPs."""
+    B, C, S, h = 2, 64, 28, 64 // 16
+    conv = 2 * (C * C * 9) * S * S * B                                   # 3×3 conv C->C (bias not counted)
+    cbam = 2 * B * 2 * (C * h + h * C) + 2 * (2 * 49) * S * S * B       # 2 MLP passes, 2->1 7×7 conv
+    assert demo.count_flops(torch.nn.Conv2d(C, C, 3, padding=1), (B, C, S, S)) == conv
+    assert demo.count_flops(CBAM(C), (B, C, S, S)) == cbam
+    assert cbam / conv < 0.01
 
 
 @pytest.fixture(scope="module")
