@@ -6,6 +6,7 @@ import torch
 
 from attn_course import TemporalAttention
 from attn_course.masks import padding_mask
+from attn_course.mha import split_heads
 from attn_course.temporal import time_matrix
 
 
@@ -139,6 +140,10 @@ def test_time_mask_makes_padding_invisible():
     torch.testing.assert_close(ok[:, :n], m(x, ts)[0], atol=1e-5, rtol=1e-5)
     leaky, _ = m(xp, ts, attn_mask=keep)
     assert not torch.allclose(leaky[:, :n], ok[:, :n], atol=1e-4)
+    # ... because the padded copies of t̄ multiply M (hence the scores) by exactly √(L/n)
+    T = split_heads(m.t_proj(ts), m.num_heads).expand(1, m.num_heads, L, m.head_dim).detach()
+    ratio = time_matrix(T) / time_matrix(T, keep[:, 0])
+    torch.testing.assert_close(ratio, torch.full_like(ratio, math.sqrt(L / n)))
 
 
 def test_gradients():
@@ -195,7 +200,6 @@ def test_bad_inputs():
 # ---- lesson 05 demo (period task), the authors' batch-wide norm, and the explorer -------------------
 
 from attn_course.demos import temporal as demo  # noqa: E402
-from attn_course.mha import split_heads  # noqa: E402
 from attn_course.widgets.temporal import PeriodExplorer  # noqa: E402
 
 
@@ -217,6 +221,15 @@ def test_period_model_needs_and_uses_the_time():
     with torch.no_grad():
         w = [model(tokens, torch.tensor([p]), need_weights=True)[1] for p in range(3)]
     assert [int(wp[0, 0].sum(0).argmax()) for wp in w] == [3, 6, 9]     # pager, ipod, smartphone columns
+    # rank one predicts that column: the largest b_j = k_j·t̄ where every a_i = q_i·t̄ > 0, the smallest where < 0
+    with torch.no_grad():
+        x = model.emb(tokens)
+        q, k = model.attn.q_proj(x)[0], model.attn.k_proj(x)[0]                 # (L, d), one head
+        for p, col in enumerate([3, 6, 9]):
+            tbar = model.attn.t_proj(model.time_emb(torch.tensor([p])))[0]
+            a, b = q @ tbar, k @ tbar
+            assert (a > 0).all() or (a < 0).all()
+            assert int(b.argmax() if (a > 0).all() else b.argmin()) == col
     # the authors' batch-wide norm: evaluated in a big batch, the same model loses its answers
     tokens, period, label = demo.sample_batch(torch.Generator().manual_seed(3), 256)
     with torch.no_grad():

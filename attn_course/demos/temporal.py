@@ -8,11 +8,10 @@ time embedding (one time per sequence, as in Rosin & Radinsky 2022), mean poolin
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
+from ..functional import attention
 from ..mha import split_heads
 from ..temporal import TemporalAttention
 from ._train import fit
@@ -105,6 +104,8 @@ def batchwide_norm_weights(attn: TemporalAttention, x: torch.Tensor, time: torch
     A reproduction of the pitfall for the lesson; :class:`TemporalAttention` normalises per sample and head."""
     q = split_heads(attn.q_proj(x), attn.num_heads)                                   # (B, H, L, d_h)
     k = split_heads(attn.k_proj(x), attn.num_heads)
+    v = split_heads(attn.v_proj(x), attn.num_heads)
     T = split_heads(attn.t_proj(time), attn.num_heads).expand_as(q)                   # (B, H, L, d_h)
-    scores = q @ T.transpose(-2, -1) @ (T / T.norm(2.0)) @ k.transpose(-2, -1) / math.sqrt(attn.head_dim)
-    return scores.softmax(-1)
+    M = T.transpose(-2, -1) @ T / T.norm(2.0)          # (B, H, d_h, d_h): ONE norm for the whole batch
+    _, weights = attention(q @ M, k, v)                # the shared softmax path, scale 1/√d_h
+    return weights

@@ -170,11 +170,8 @@ def _r1_judge(got, want, case):
         ("‖t̄‖ appears once: t̄t̄ᵀ/‖T‖_F leaves one ‖t̄‖ in the denominator, not ‖t̄‖².",
          math.sqrt(L) / (n * n * math.sqrt(d))),
     ]
-    for hint, c in cands:
-        if math.isclose(g, c, rel_tol=1e-6):
-            return Verdict(False, hint)
-    return Verdict(False, "S = Q (TᵀT/‖T‖_F) Kᵀ/√d_h with T = L copies of t̄: write TᵀT and ‖T‖_F in terms "
-                          "of L and t̄.")
+    return diagnose(g, cands, "S = Q (TᵀT/‖T‖_F) Kᵀ/√d_h with T = L copies of t̄: write TᵀT and ‖T‖_F in "
+                              "terms of L and t̄.", same=lambda a, b: math.isclose(a, b, rel_tol=1e-6))
 
 
 # ---- 05_video_frames ------------------------------------------------------------------------------------
@@ -207,10 +204,8 @@ def _vf_judge(got, want, case):
           "permute to (B, N, F, C) first, i.e. '(b n) f c'.", x.reshape(B * N, F, C)),
          ("the batch and patch axes are grouped as (n b); use (b n) so that sequence i = b·N + n.",
           x.permute(2, 0, 1, 3).reshape(N * B, F, C))]
-    for hint, cand in c:
-        if cand.shape == got["seq"].shape and torch.equal(got["seq"], cand):
-            return Verdict(False, hint)
-    return Verdict(False, "wrong order: sequence b·N + n must hold x[b, :, n, :] (all F frames of patch n).")
+    return diagnose(got["seq"], c, "wrong order: sequence b·N + n must hold x[b, :, n, :] (all F frames of patch n).",
+                    same=lambda g, cand: g.shape == cand.shape and torch.equal(g, cand))
 
 
 EXERCISES = [
