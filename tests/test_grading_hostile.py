@@ -41,7 +41,7 @@ def check_batch_completes(graded):
     print(f"\nhostile batch of {len(graded['rows'])} files graded in {graded['elapsed']:.1f} s (--jobs 2)")
 
 
-STUDENTS = ["crasher", "hog", "cheater", "forbidden", "honest_noisy", "solution_copy", "untouched"]
+STUDENTS = ["crasher", "hog", "cheater", "forbidden", "reader", "honest_noisy", "solution_copy", "untouched"]
 
 
 def check_points_per_exercise(graded, student):
@@ -101,6 +101,10 @@ def check_feedback_explains(graded):
         assert forbidden[ex_id]["status"] == "forbidden", forbidden[ex_id]
     assert "scaled_dot_product_attention" in " ".join(forbidden["01_fix_the_bug"]["notes"])   # runtime guard
     assert "attn_course" in " ".join(forbidden["01_causal_padding_mask"]["notes"])             # runtime guard
+    reader = json.loads((out / "reader.json").read_text())["exercises"]
+    assert "does not let exercise code read" in " ".join(reader["01_attention_by_hand"]["notes"])
+    assert "does not let exercise code start other programs" in " ".join(reader["01_fix_the_bug"]["notes"])
+    assert reader["01_causal_padding_mask"]["status"] == "forbidden"      # the grader's reference, called
     cheater = json.loads((out / "cheater.json").read_text())["exercises"]
     assert "not a torch.Tensor" in cheater["01_fix_the_bug"]["cases"][0]["hint"]
     assert "not a torch.Tensor" in cheater["01_causal_padding_mask"]["cases"][0]["hint"]

@@ -38,6 +38,47 @@ def _limit(memory_mb: int, cpu_s: int, file_mb: int, nofile: int, nproc: int | N
         setl(resource.RLIMIT_NPROC, nproc)
 
 
+# Starting another program would let exercise code read what the audit hook below hides (``cat``).
+_SPAWN_EVENTS = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.startfile",
+                 "pty.spawn"}
+
+
+def _hide(paths: list[str]) -> None:
+    """Deny, for the rest of this process, opening any file or folder under ``paths`` (by inode, so links
+    and other spellings of the path are caught) and starting other programs.
+
+    ``paths`` are the course's ``solutions/`` (the trusted notebooks with every answer) and the grader's
+    inputs. An audit hook cannot be removed once added; it raises ``PermissionError`` (an ``OSError``, which
+    library code that probes for optional programs already tolerates). Native code (``ctypes``, or
+    ``_posixsubprocess`` called directly) bypasses audit hooks: see docs/grading.md.
+    """
+    hidden: set[tuple[int, int]] = set()
+    for top in paths:
+        for folder, _dirs, files in os.walk(top):
+            for name in [folder, *(os.path.join(folder, f) for f in files)]:
+                try:
+                    st = os.stat(name)
+                except OSError:
+                    continue
+                hidden.add((st.st_dev, st.st_ino))
+
+    def hook(event, args):
+        if event == "open" and hidden:
+            target = args[0]
+            if target is None:
+                return
+            try:
+                st = os.stat(target)
+            except (OSError, TypeError, ValueError):
+                return
+            if (st.st_dev, st.st_ino) in hidden:
+                raise PermissionError(f"the grader does not let exercise code read {target!r}")
+        elif event in _SPAWN_EVENTS:
+            raise PermissionError("the grader does not let exercise code start other programs")
+
+    sys.addaudithook(hook)
+
+
 def _write_atomic(path: str, data: bytes) -> None:
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
@@ -68,6 +109,11 @@ def main(jobdir: str) -> None:
             t = torch.Tensor.as_subclass(value, torch.Tensor)
             return t.detach().to("cpu").contiguous().clone()
 
+    # every input is read now, before any learner code runs; then the inputs and solutions/ are hidden
+    inputs_dir = os.path.join(jobdir, "inputs")
+    all_inputs = {ex_id: load_file(os.path.join(inputs_dir, f"{ex_id}.safetensors")) for ex_id in prog["cases"]}
+    _hide([inputs_dir, os.path.join(jobdir, "program.json"), *prog.get("hide", [])])
+
     torch.manual_seed(0)
     ns = {"__name__": "__main__", "__builtins__": builtins, "display": print}
     cell_errors: dict[str, str] = {}
@@ -96,7 +142,7 @@ def main(jobdir: str) -> None:
             status["capture_error"] = describe_exception(exc)
             obj = None
         if obj is not None or "capture_error" not in status:
-            inputs = load_file(os.path.join(jobdir, "inputs", f"{ex_id}.safetensors"))
+            inputs = all_inputs[ex_id]
             violations: set[str] = set()
             for i, c in enumerate(prog["cases"][ex_id]):
                 prefix = f"{i}/"

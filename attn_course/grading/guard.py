@@ -142,6 +142,9 @@ class RuntimeGuard:
         self._allow = {os.path.abspath(f) for f in allow_files}
         self._codes, self._builtins, self._dirs = _targets(self.forbidden)
         self._file_verdict: dict[str, str | None] = {}
+        # the forbidden module that contains the grader itself (e.g. "attn_course"), if any
+        self._grading_name = next((name for d, name in self._dirs
+                                   if _GRADING_DIR == d or _GRADING_DIR.startswith(d + os.sep)), None)
         self._spy = None
         self._old_profile = None
 
@@ -157,10 +160,24 @@ class RuntimeGuard:
             self._file_verdict[filename] = verdict
         return verdict
 
+    def _reference_rule(self, frame) -> str | None:
+        """The grader's own code (answer functions, references) may run inside the guard only when
+        called by the grader: a call into it straight from other code (the learner's object calling the
+        exercise's reference) counts as using the forbidden module that contains the grader."""
+        if not self._grading_name or not frame.f_code.co_filename.startswith(_GRADING_DIR + os.sep):
+            return None
+        if os.path.abspath(frame.f_code.co_filename) == os.path.abspath(__file__):
+            return None                                        # the guard's own torch-function spy
+        caller = frame.f_back
+        if caller is not None and not os.path.abspath(caller.f_code.co_filename).startswith(_GRADING_DIR + os.sep):
+            return self._grading_name
+        return None
+
     def _profile(self, frame, event, arg):
         if event == "call":
             code = frame.f_code
-            name = self._codes.get(code) or (self._dirs and self._file_rule(code.co_filename))
+            name = (self._codes.get(code) or (self._dirs and self._file_rule(code.co_filename))
+                    or self._reference_rule(frame))
             if name:
                 self.violations.add(name)
         elif event == "c_call":

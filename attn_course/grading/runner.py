@@ -199,7 +199,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_child(steps: list[dict], cases: dict[str, list[Case]], opts: Options) -> RunOutcome:
+def run_child(steps: list[dict], cases: dict[str, list[Case]], opts: Options,
+              hide: list[str] = ()) -> RunOutcome:
     """Run ``steps`` in a sandboxed child; return whatever answers it left behind."""
     from safetensors.torch import save_file
     job = Path(tempfile.mkdtemp(prefix="attn-grade-"))
@@ -213,6 +214,7 @@ def run_child(steps: list[dict], cases: dict[str, list[Case]], opts: Options) ->
             save_file(flat, str(job / "inputs" / f"{ex_id}.safetensors"))
         program = {
             "steps": steps,
+            "hide": [str(p) for p in hide],      # e.g. solutions/: the child may not open it
             "cases": {ex_id: [{"name": c.name, "params": c.params} for c in cs] for ex_id, cs in cases.items()},
             "limits": {"memory_mb": opts.memory_mb, "cpu_s": int(opts.timeout) + 2, "file_mb": opts.file_mb,
                        "nofile": 256, "nproc": _nproc_limit()},
@@ -336,7 +338,8 @@ def _grade_into(report: dict, sub: Submission, course: Course, opts: Options) ->
         todo = {i: cases[i] for i in ids if i not in answers and i not in skip}
         if not todo:
             break
-        outcome = run_child(course.program(lesson, sources, skip, set(todo)), todo, opts)
+        outcome = run_child(course.program(lesson, sources, skip, set(todo)), todo, opts,
+                            hide=[course.root / "solutions"])
         runs.append(round(outcome.seconds, 3))
         tail = outcome.output_tail
         for i, a in outcome.answers.items():

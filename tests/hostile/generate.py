@@ -145,6 +145,30 @@ def make_mask(lengths, L):
     m = __import__("attn" + "_course.ma" + "sks", fromlist=["x"])
     return m.combine(m.causal_mask(L), m.padding_mask(lengths, L))
 '''
+# Reading the trusted solutions notebook from disk (the path is easy to find from the package), with
+# Python or with another program, and calling the grader's own reference function.
+READ_SOLUTIONS = '''
+import glob, json, os, importlib
+_root = os.path.dirname(os.path.dirname(importlib.import_module("attn" + "_course").__file__))
+for _c in json.load(open(glob.glob(os.path.join(_root, "solu" + "tions", "01_*"))[0]))["cells"]:
+    if _c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "01_attention_by_hand":
+        exec("".join(_c["source"]))
+'''
+CAT_SOLUTIONS = '''
+import glob, json, os, subprocess, importlib
+_root = os.path.dirname(os.path.dirname(importlib.import_module("attn" + "_course").__file__))
+_text = subprocess.run("cat " + os.path.join(_root, "solu" + "tions", "01_*"), shell=True,
+                       capture_output=True, text=True).stdout
+for _c in json.loads(_text)["cells"]:
+    if _c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "01_fix_the_bug":
+        exec("".join(_c["source"]))
+'''
+CALL_REFERENCE = '''
+import importlib
+_ref = importlib.import_module("attn" + "_course.grading.exercises.lesson01")
+def make_mask(lengths, L):
+    return _ref._mask_expected(_ref.Case("x", {"lengths": lengths}, {"L": L}))["mask"]
+'''
 NOISE = '''
 import sys, warnings
 print("debugging output " * 20)
@@ -206,6 +230,9 @@ def build(dest: Path, pids_dir: Path) -> dict[str, dict[str, float] | None]:
     nb.cells.append(nbformat.v4.new_code_cell("my_attention = None\nraise SystemExit"))
     write("honest_noisy", {}, dict(FULL), nb=nb)
 
+    write("reader", {"01_attention_by_hand": READ_SOLUTIONS, "01_fix_the_bug": CAT_SOLUTIONS,
+                     "01_causal_padding_mask": CALL_REFERENCE},
+          {**FULL, "01_attention_by_hand": 0, "01_fix_the_bug": 0, "01_causal_padding_mask": 0})
     write("solution_copy", {}, dict(FULL), nb=nbformat.read(str(SOLUTIONS), as_version=4))
     write("untouched", {}, dict.fromkeys(IDS, 0), nb=nbformat.read(str(EXERCISES), as_version=4))
     (dest / "notes.txt").write_text("not a notebook\n")
