@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 PORT   ?= 8888
+IP     ?= 127.0.0.1
+# Jupyter refuses to start as root (containers, CI boxes) unless told it may
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 JOBS   ?= 2
 NBVAL  := --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
 
@@ -20,7 +23,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 lab: setup
-	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir=notebooks
+	$(BIN)/jupyter lab --no-browser --ip=$(IP) --port=$(PORT) $(ROOT_FLAG) --ServerApp.root_dir=notebooks
 
 test: setup
 	$(BIN)/attn-course release --check
