@@ -36,8 +36,10 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-__all__ = ["main", "measure", "largest_tensor_created", "run_benchmark", "format_table", "check_targets", "METHODS", "TARGETS"]
+__all__ = ["main", "measure", "largest_tensor_created", "run_benchmark", "format_table", "check_targets",
+           "load_recorded", "RECORDED_CPU", "METHODS", "TARGETS"]
 
 METHODS = ("naive", "flash", "sdpa")
 COLUMNS = ("mode", "causal", "L", "naive ms", "flash ms", "sdpa ms", "naive MiB", "flash MiB", "sdpa MiB",
@@ -261,6 +263,17 @@ def format_table(rows: list[dict]) -> str:
     errors = [f"{r['mode']} causal={r['causal']} L={r['L']} {m}: {r[m]['error']}"
               for r in rows for m in METHODS if "error" in r.get(m, {})]
     return "\n".join(lines + [f"\nnot measured: {e}" for e in errors])
+
+
+RECORDED_CPU = Path(__file__).resolve().parent / "data" / "bench_cpu_2core.json"
+
+
+def load_recorded(path: str | Path = RECORDED_CPU) -> tuple[dict, list[dict]]:
+    """``(args, rows)`` of a run saved with ``attn-course bench --json PATH``. The package ships the course's
+    reference run on a 2-core CPU (:data:`RECORDED_CPU`), so a lesson can print measured numbers without
+    spending minutes measuring them again."""
+    data = json.loads(Path(path).read_text())
+    return data["args"], data["rows"]
 
 
 def check_targets(rows: list[dict]) -> list[tuple[str, float | None, bool]]:
