@@ -5,14 +5,13 @@ backward — and check it learns exactly what the textbook attention learns.
 """
 from __future__ import annotations
 
-import time
+from functools import partial
 
 import torch
 from einops import rearrange
 
 from ..flash import flash_attention
-from ._train import fit
-from .reverse import OneLayerAttention, ReversalResult, ReversalTask, evaluate
+from .reverse import OneLayerAttention, ReversalResult, ReversalTask, train_reversal
 
 __all__ = ["FlashOneLayerAttention", "train_flash_reversal"]
 
@@ -44,16 +43,6 @@ def train_flash_reversal(task: ReversalTask | None = None, *, steps: int = 150, 
                          progress: bool = True) -> tuple[FlashOneLayerAttention, ReversalResult]:
     """Like :func:`~attn_course.demos.reverse.train_reversal` (same defaults, same initial weights for
     the same seed, CPU, one thread), but every training step runs flash_attention's forward and backward."""
-    task = ReversalTask() if task is None else task
-    torch.manual_seed(seed)
-    model = FlashOneLayerAttention(task.vocab_size, task.seq_len, d_model, num_heads, block=block)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        t0 = time.perf_counter()
-        losses = fit(model, lambda g: task.sample(g, batch_size), steps=steps, lr=lr, seed=seed,
-                     progress=progress, desc="reversal (flash)")
-        seconds = time.perf_counter() - t0
-    finally:
-        torch.set_num_threads(threads)
-    return model, ReversalResult(evaluate(model, task), seconds, losses)
+    return train_reversal(task, steps=steps, batch_size=batch_size, d_model=d_model, num_heads=num_heads,
+                          lr=lr, seed=seed, progress=progress, desc="reversal (flash)",
+                          model_cls=partial(FlashOneLayerAttention, block=block))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from einops import rearrange
@@ -118,29 +119,26 @@ def evaluate(model: nn.Module, task: ReversalTask, *, n: int = 2048, seed: int =
 
 def train_reversal(task: ReversalTask | None = None, *, steps: int = 150, batch_size: int = 64,
                    d_model: int = 32, num_heads: int = 1, lr: float = 1e-2, seed: int = 0,
-                   device: torch.device | str | None = None, progress: bool = True
+                   device: torch.device | str | None = None, progress: bool = True,
+                   model_cls: Callable[..., OneLayerAttention] = OneLayerAttention, desc: str = "reversal"
                    ) -> tuple[OneLayerAttention, ReversalResult]:
     """Train :class:`OneLayerAttention` on reversal; deterministic for a given ``seed`` on CPU.
 
     Returns the trained model (in eval mode) and a :class:`ReversalResult` with the held-out token
     accuracy (>= 0.95 with the defaults, about a second on a CPU) and the training time in seconds.
-    On the CPU, training runs single-threaded: for matrices this small, thread synchronisation costs
-    more than it saves (10x slower on a busy 2-core machine), and one thread is also bit-reproducible.
+    Training runs single-threaded (see :func:`~attn_course.demos._train.fit`): for matrices this small,
+    thread synchronisation costs more than it saves, and one thread is also bit-reproducible.
+    ``model_cls(vocab_size, seq_len, d_model, num_heads)`` builds the model (lesson 08 swaps in a
+    flash-attention variant); ``desc`` labels the progress bar.
     """
     task = ReversalTask() if task is None else task
     device = torch.device(device or "cpu")
     torch.manual_seed(seed)
-    model = OneLayerAttention(task.vocab_size, task.seq_len, d_model, num_heads).to(device)
-    threads = torch.get_num_threads()
-    if device.type == "cpu":
-        torch.set_num_threads(1)
-    try:
-        t0 = time.perf_counter()
-        losses = fit(model, lambda g: task.sample(g, batch_size), steps=steps, lr=lr, seed=seed,
-                     progress=progress, desc="reversal")
-        seconds = time.perf_counter() - t0
-    finally:
-        torch.set_num_threads(threads)
+    model = model_cls(task.vocab_size, task.seq_len, d_model, num_heads).to(device)
+    t0 = time.perf_counter()
+    losses = fit(model, lambda g: task.sample(g, batch_size), steps=steps, lr=lr, seed=seed,
+                 progress=progress, desc=desc)
+    seconds = time.perf_counter() - t0
     return model, ReversalResult(evaluate(model, task), seconds, losses)
 
 
