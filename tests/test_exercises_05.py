@@ -18,15 +18,6 @@ def _assert_hint(ex_id, fn, hint):
     assert_hint(ex_id, fn, hint, ignore=IGNORE)
 
 
-def test_points_match_the_solutions_notebook():
-    import nbformat
-    nb = nbformat.read("solutions/05_temporal_attention.ipynb", as_version=4)
-    found = {c.metadata["nbgrader"]["grade_id"]: c.metadata["nbgrader"]["points"]
-             for c in nb.cells if "nbgrader" in c.metadata}
-    assert found == {i: get(i).points for i in ("05_time_matrix", "05_temporal_weights", "05_rank_one_scale",
-                                                "05_video_frames")}
-
-
 # ---- 05_time_matrix -------------------------------------------------------------------------------------------
 
 def tm(T, keep=None, *, norm="sample", use_keep=True, norm_first=False):

@@ -1,5 +1,4 @@
 """``attn-course release [--check]`` and the notebook helpers it is built on."""
-import importlib
 import shutil
 import subprocess
 import sys

@@ -8,7 +8,6 @@ from __future__ import annotations
 from functools import partial
 
 import torch
-from einops import rearrange
 
 from ..flash import flash_attention
 from .reverse import OneLayerAttention, ReversalResult, ReversalTask, train_reversal
@@ -25,17 +24,10 @@ class FlashOneLayerAttention(OneLayerAttention):
         super().__init__(*args, **kwargs)
         self.block = block
 
-    def forward(self, x: torch.Tensor, need_weights: bool = False):
-        if need_weights:
-            return super().forward(x, need_weights=True)
-        B, L = x.shape
-        if L != self.seq_len:
-            raise ValueError(f"input has length L={L} but the model was built for seq_len={self.seq_len}")
-        h = self.tok_emb(x) + self.pos_emb(torch.arange(L, device=x.device))          # (B, L, D)
-        q, k, v = (rearrange(p(h), "b l (h e) -> b h l e", h=self.num_heads)
-                   for p in (self.q_proj, self.k_proj, self.v_proj))                  # (B, H, L, E)
-        out = flash_attention(q, k, v, block_q=self.block, block_k=self.block)       # (B, H, L, E)
-        return self.head(self.out_proj(rearrange(out, "b h l e -> b l (h e)")))      # (B, L, V)
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_weights: bool):
+        if need_weights:            # the explicit path: flash attention never forms the weights
+            return super().attend(q, k, v, need_weights)
+        return flash_attention(q, k, v, block_q=self.block, block_k=self.block), None
 
 
 def train_flash_reversal(task: ReversalTask | None = None, *, steps: int = 150, batch_size: int = 64,

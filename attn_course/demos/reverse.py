@@ -91,9 +91,13 @@ class OneLayerAttention(nn.Module):
         h = self.tok_emb(x) + self.pos_emb(torch.arange(L, device=x.device))          # (B, L, D)
         q, k, v = (rearrange(p(h), "b l (h e) -> b h l e", h=self.num_heads)
                    for p in (self.q_proj, self.k_proj, self.v_proj))                  # (B, H, L, E)
-        out, weights = attention(q, k, v)                      # softmax(QKᵀ/√d_k)V, (B, H, L, E)
+        out, weights = self.attend(q, k, v, need_weights)                             # (B, H, L, E)
         logits = self.head(self.out_proj(rearrange(out, "b h l e -> b l (h e)")))    # (B, L, V)
         return (logits, weights) if need_weights else logits
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_weights: bool):
+        """softmax(QKᵀ/√d_k)V on ``(B, H, L, E)``; returns ``(out, weights)``. Subclasses swap the kernel."""
+        return attention(q, k, v)
 
 
 @dataclass

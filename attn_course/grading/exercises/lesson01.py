@@ -219,7 +219,7 @@ def _shape_answer(fn, case):
 
 
 def _shape_expected(case):
-    (B, H, Lq, E), (_, _, Lk, _), (_, _, _, Ev) = case.params["q"], case.params["k"], case.params["v"]
+    (B, H, Lq, _), (_, _, Lk, _), (_, _, _, Ev) = case.params["q"], case.params["k"], case.params["v"]
     return {"out_shape": torch.tensor([B, H, Lq, Ev]), "weights_shape": torch.tensor([B, H, Lq, Lk])}
 
 
