@@ -5,6 +5,11 @@ The task, "reverse after the separator": a sequence s_0..s_{n-1} of random symbo
 model must emit s_{n-1}, ..., s_0 one token per position (teacher forcing, causal attention). The
 query at output position n+i must look at input position n-1-i, so a trained layer draws an
 anti-diagonal in the lower-left block of its attention map.
+
+Two sizes are used. ``SHOW`` (n = 8, 4 heads of width 8) is easy for every mechanism and gives clean
+heatmaps. ``COMPARE`` (n = 16 over 32 symbols, 8 heads of width 4, as in lesson 03, and only 100
+training steps) makes the keys' capacity matter: each query must pick one of 16 positions sharply
+with 4-wide keys, and a layer whose heads share (or factorise) their keys learns that more slowly.
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from ..tpa import TensorProductAttention, TPACache
 from ._train import fit, token_accuracy
 
 __all__ = ["with_constant_channel", "tpa_from_gqa", "reverse_batch", "TinyLM", "make_model", "KINDS",
-           "train_and_measure"]
+           "SHOW", "COMPARE", "train_and_measure"]
 
 
 def with_constant_channel(x: torch.Tensor) -> torch.Tensor:
@@ -91,20 +96,26 @@ class TinyLM(nn.Module):
         return (logits, w) if need_weights else logits
 
 
-# name -> (attention factory for d_model, cache class): one row per mechanism compared in the lesson
+# name -> attention factory for (d_model, H): one row per mechanism compared in the lesson (d_h = d_model / H)
 KINDS = {
-    "MHA (H_kv=4)": lambda d: GroupedQueryAttention(d, 4, 4),
-    "GQA (H_kv=2)": lambda d: GroupedQueryAttention(d, 4, 2),
-    "MQA (H_kv=1)": lambda d: GroupedQueryAttention(d, 4, 1),
-    "TPA (R=6,2,2)": lambda d: TensorProductAttention(d, 4, d // 4, q_rank=6, k_rank=2, v_rank=2),
-    "TPA (R=2,1,1)": lambda d: TensorProductAttention(d, 4, d // 4, q_rank=2, k_rank=1, v_rank=1),
+    "MHA": lambda d, H: GroupedQueryAttention(d, H, H),
+    "GQA (H_kv=2)": lambda d, H: GroupedQueryAttention(d, H, 2),
+    "MQA (H_kv=1)": lambda d, H: GroupedQueryAttention(d, H, 1),
+    "TPA (R=6,2,2)": lambda d, H: TensorProductAttention(d, H, d // H, q_rank=6, k_rank=2, v_rank=2),
+    "TPA (R=2,1,1)": lambda d, H: TensorProductAttention(d, H, d // H, q_rank=2, k_rank=1, v_rank=1),
 }
 
+# task and model sizes: SHOW is easy for every mechanism (clean heatmaps); COMPARE separates them
+SHOW = dict(n=8, vocab=10, d_model=32, num_heads=4, steps=150)
+COMPARE = dict(n=16, vocab=32, d_model=32, num_heads=8, steps=100)
 
-def make_model(kind: str, d_model: int = 32, seed: int = 0) -> TinyLM:
-    """A freshly initialised :class:`TinyLM` with the attention named ``kind`` (a key of ``KINDS``)."""
+
+def make_model(kind: str, *, n: int = 8, vocab: int = 10, d_model: int = 32, num_heads: int = 4,
+               seed: int = 0) -> TinyLM:
+    """A freshly initialised :class:`TinyLM` for ``reverse_batch(.., n, vocab)`` with the attention
+    named ``kind`` (a key of ``KINDS``) of ``num_heads`` heads."""
     torch.manual_seed(seed)
-    return TinyLM(KINDS[kind](d_model), d_model)
+    return TinyLM(KINDS[kind](d_model, num_heads), d_model, vocab=vocab + 1, max_len=2 * n)
 
 
 @torch.no_grad()
@@ -117,13 +128,16 @@ def cache_elements_per_token(attn: nn.Module, h: torch.Tensor) -> float:
     return cache.nbytes() / (h.shape[0] * h.shape[1] * h.element_size())
 
 
-def train_and_measure(kind: str, *, steps: int = 300, d_model: int = 32, seed: int = 0, progress: bool = True):
-    """Train ``make_model(kind)`` on ``reverse_batch``; return ``(model, accuracy, cache elements/token)``.
+def train_and_measure(kind: str, *, steps: int = 150, n: int = 8, vocab: int = 10, d_model: int = 32,
+                      num_heads: int = 4, seed: int = 0, progress: bool = True):
+    """Train ``make_model(kind, ...)`` on ``reverse_batch(gen, 64, n, vocab)`` for ``steps`` steps; return
+    ``(model, accuracy, cache elements/token)``. Pass ``**SHOW`` or ``**COMPARE`` for the lesson's sizes.
 
     Accuracy is the token accuracy on the reversed half of 512 fresh sequences (a different seed)."""
-    model = make_model(kind, d_model, seed)
-    fit(model, lambda g: reverse_batch(g), steps=steps, lr=1e-2, seed=seed, progress=progress, desc=kind)
-    x, y = reverse_batch(torch.Generator().manual_seed(seed + 1000), batch=512)
+    model = make_model(kind, n=n, vocab=vocab, d_model=d_model, num_heads=num_heads, seed=seed)
+    fit(model, lambda g: reverse_batch(g, n=n, vocab=vocab), steps=steps, lr=1e-2, seed=seed,
+        progress=progress, desc=kind)
+    x, y = reverse_batch(torch.Generator().manual_seed(seed + 1000), batch=512, n=n, vocab=vocab)
     with torch.no_grad():
         acc = token_accuracy(model(x), y)
         per_token = cache_elements_per_token(model.attn, model.embed(x[:8]))
