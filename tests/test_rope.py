@@ -86,3 +86,79 @@ def test_value_errors():
         apply_rope(torch.randn(4))
     with pytest.raises(ValueError, match="must be a torch.Tensor"):
         apply_rope([[1.0, 2.0]])
+
+
+# --- interleaved (GPT-J / complex) convention and multi-axis RoPE -------------------------------------
+from attn_course.rope import apply_rope_nd, interleave_perm  # noqa: E402
+
+
+def rope_reference_complex_interleaved(x, positions, base=10000.0):
+    """fp64 reference in seed 002's form: view (x_{2i}, x_{2i+1}) as one complex number, multiply by e^{ipθ_i}."""
+    d = x.shape[-1]
+    theta = base ** (-2.0 * torch.arange(d // 2, dtype=torch.float64) / d)
+    z = torch.view_as_complex(x.double().reshape(*x.shape[:-1], d // 2, 2).contiguous())
+    freqs_cis = torch.polar(torch.ones(len(positions), d // 2, dtype=torch.float64), positions.double()[:, None] * theta)
+    return torch.view_as_real(z * freqs_cis).flatten(-2)
+
+
+@pytest.mark.parametrize("shape", [(5, 4), (2, 3, 7, 8), (1, 2, 16, 64)])
+def test_interleaved_matches_view_as_complex(shape):
+    x = torch.randn(shape, dtype=torch.float64)
+    pos = torch.arange(shape[-2])
+    assert_close(apply_rope(x, interleaved=True), rope_reference_complex_interleaved(x, pos))
+    assert_close(apply_rope(x, pos + 3, base=77.0, interleaved=True), rope_reference_complex_interleaved(x, pos + 3, 77.0))
+
+
+def test_conventions_differ_by_a_fixed_permutation():
+    d = 16
+    x = torch.randn(2, 9, d, dtype=torch.float64)
+    perm = interleave_perm(d)
+    assert perm.tolist()[:4] == [0, 8, 1, 9]
+    assert_close(apply_rope(x[..., perm], interleaved=True), apply_rope(x)[..., perm])
+    assert not torch.allclose(apply_rope(x, interleaved=True), apply_rope(x))
+    # scores are invariant when q and k are both permuted: a checkpoint converts by permuting q/k rows
+    q, k = torch.randn(9, d, dtype=torch.float64), torch.randn(9, d, dtype=torch.float64)
+    s_half = apply_rope(q) @ apply_rope(k).T
+    s_int = apply_rope(q[..., perm], interleaved=True) @ apply_rope(k[..., perm], interleaved=True).T
+    assert_close(s_half, s_int)
+
+
+def test_interleaved_scores_depend_only_on_relative_position():
+    q, k = torch.randn(1, 32, dtype=torch.float64), torch.randn(1, 32, dtype=torch.float64)
+    def score(m, n):
+        return (apply_rope(q, torch.tensor([m]), interleaved=True) * apply_rope(k, torch.tensor([n]), interleaved=True)).sum()
+    assert_close(score(7, 3), score(107, 103))
+
+
+def test_nd_with_one_axis_equals_1d():
+    x = torch.randn(2, 10, 12, dtype=torch.float64)
+    coords = torch.arange(10)[:, None] * 3
+    assert_close(apply_rope_nd(x, coords, [12]), apply_rope(x, coords[:, 0]))
+
+
+def test_nd_rotates_each_slice_by_its_axis_and_is_relative_per_axis():
+    T, Hh, W = 2, 3, 4
+    grid = torch.stack(torch.meshgrid(torch.arange(T), torch.arange(Hh), torch.arange(W), indexing="ij"), -1).reshape(-1, 3)
+    dims = [4, 6, 6]
+    x = torch.randn(grid.shape[0], 16, dtype=torch.float64)
+    y = apply_rope_nd(x, grid, dims)
+    assert_close(y[:, :4], apply_rope(x[:, :4], grid[:, 0]))
+    assert_close(y[:, 4:10], apply_rope(x[:, 4:10], grid[:, 1]))
+    assert_close(y[:, 10:], apply_rope(x[:, 10:], grid[:, 2]))
+    q, k = torch.randn(1, 16, dtype=torch.float64), torch.randn(1, 16, dtype=torch.float64)
+    def score(cq, ck):
+        return (apply_rope_nd(q, torch.tensor([cq]), dims) * apply_rope_nd(k, torch.tensor([ck]), dims)).sum()
+    assert_close(score([1, 2, 3], [0, 1, 1]), score([5, 7, 9], [4, 6, 7]))
+    assert not torch.allclose(score([1, 2, 3], [0, 1, 1]), score([1, 3, 2], [0, 1, 1]))
+
+
+@pytest.mark.parametrize("coords, dims", [
+    (torch.zeros(10, 2, dtype=torch.long), [6, 4]),        # sums to 10, d is 12
+    (torch.zeros(10, 2, dtype=torch.long), [5, 7]),        # odd
+    (torch.zeros(9, 2, dtype=torch.long), [6, 6]),         # wrong L
+    (torch.zeros(10, 3, dtype=torch.long), [6, 6]),        # wrong n
+    (torch.zeros(10, 2), [6, 6]),                          # float coords
+])
+def test_nd_bad_input(coords, dims):
+    with pytest.raises(ValueError, match="coords|dims"):
+        apply_rope_nd(torch.randn(10, 12), coords, dims)
