@@ -28,6 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--root", default=None, help="course checkout holding solutions/ (default: found upwards from cwd)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
+    sub.add_parser("ring", help="ring attention on P local processes (forwarded to attn_course.ring)",
+                   add_help=False).add_argument("args", nargs=argparse.REMAINDER)
     b = sub.add_parser("bench", help="attention benchmarks (forwarded to attn_course.bench)", add_help=False)
     b.add_argument("args", nargs=argparse.REMAINDER)
     return p
@@ -45,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
                   "version of the course.", file=sys.stderr)
             return 2
         return int(bench.main(argv[1:]) or 0)
+    if argv[:1] == ["ring"]:
+        from .. import ring
+        return int(ring.main(argv[1:]) or 0)
     args = _parser().parse_args(argv)
     if args.command == "release":
         from .release import release
