@@ -53,7 +53,7 @@ from .flash import flash_attention_backward, flash_attention_forward
 
 __all__ = ["ring_attention", "ulysses_attention", "shard_positions", "shard", "merge_partials",
            "ring_schedule", "comm_stats", "reset_comm_stats", "launch", "ring_comm_bytes",
-           "ulysses_comm_bytes", "verify", "LAYOUTS"]
+           "ulysses_comm_bytes", "verify", "ring_plan", "work_per_rank", "LAYOUTS"]
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -87,6 +87,30 @@ def shard(x: torch.Tensor, rank: int, world: int, layout: str = "contiguous", di
 def ring_schedule(world: int) -> list[list[int]]:
     """``schedule[t][r]`` = the rank whose K/V shard rank r holds at step t, i.e. ``(r − t) mod P``."""
     return [[(r - t) % world for r in range(world)] for t in range(world)]
+
+
+def ring_plan(world: int, L: int, layout: str = "contiguous", is_causal: bool = False) -> torch.Tensor:
+    """``(L, L)`` int64: for query position i and key position j, the ring step at which the rank holding
+    query i computes the score (i, j) — ``(r − s) mod P`` for query rank r and key rank s — or −1 when it
+    is never computed (a causal skip, or a masked pair inside a diagonal block)."""
+    plan = torch.full((L, L), -1, dtype=torch.int64)
+    owner = {r: shard_positions(r, world, L, layout) for r in range(world)}
+    for r in range(world):
+        for s_ in range(world):
+            for qs, ks, diag in _pairs(_chunks(r, world, L, layout), _chunks(s_, world, L, layout), is_causal):
+                qi, kj = owner[r][qs], owner[s_][ks]
+                block = torch.full((len(qi), len(kj)), (r - s_) % world, dtype=torch.int64)
+                if diag:
+                    block = block.masked_fill(torch.ones_like(block, dtype=torch.bool).triu(1), -1)
+                plan[qi[:, None], kj[None, :]] = block
+    return plan
+
+
+def work_per_rank(world: int, L: int, layout: str = "contiguous", is_causal: bool = False) -> list[int]:
+    """Scores each rank computes (per batch element and head) — what :func:`comm_stats` counts as
+    ``score_entries``, predicted without running anything."""
+    plan = ring_plan(world, L, layout, is_causal)
+    return [int((plan[shard_positions(r, world, L, layout)] >= 0).sum()) for r in range(world)]
 
 
 # ---- the log-sum-exp merge of lesson 08 ---------------------------------------------------------------

@@ -169,3 +169,17 @@ def test_cli_and_torchrun_print_the_same_verified_table(tmp_path):
     assert tr.returncode == 0, tr.stderr[-2000:]
     errors = [float(line.split()[1]) for line in tr.stdout.splitlines() if line.strip()[:1].isdigit()]
     assert len(errors) == 2 and max(errors) < 1e-5, tr.stdout
+
+
+def test_ring_plan_covers_exactly_the_visible_pairs_and_predicts_the_measured_work(run):
+    P, results, _ = run
+    L = 24
+    for layout in ring.LAYOUTS:
+        for causal in (False, True):
+            plan = ring.ring_plan(P, L, layout, causal)
+            visible = torch.ones(L, L, dtype=torch.bool).tril() if causal else torch.ones(L, L, dtype=torch.bool)
+            assert torch.equal(plan >= 0, visible)
+            assert plan.max() <= P - 1
+            for per_rank in _rows(results, layout=layout, causal=causal, seq_len=L, dtype="float64"):
+                H = per_rank[0]["heads"]
+                assert [H * w for w in ring.work_per_rank(P, L, layout, causal)] == [r["score_entries"] for r in per_rank]

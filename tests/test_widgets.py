@@ -134,3 +134,20 @@ def test_widget_output_holds_exactly_one_current_figure(ex):
     assert len(out.outputs) == 1 and out.outputs[0]["output_type"] == "display_data"
     ui.controls["padding"].value = True
     assert len(out.outputs) == 1                          # replaced, not appended
+
+
+def test_ring_explorer_counts_the_work_of_each_rank_step_by_step():
+    from attn_course import ring
+    from attn_course.widgets.ring import RingExplorer
+    e = RingExplorer(seq_len=16)
+    for layout in ring.LAYOUTS:
+        first, _ = e.update(world=4, step=0, layout=layout, causal=True)
+        last, _ = e.update(world=4, step=3, layout=layout, causal=True)
+        assert last == ring.work_per_rank(4, 16, layout, True)
+        assert all(a <= b for a, b in zip(first, last))
+    assert e.update(world=4, step=0, layout="contiguous", causal=True)[0] == [10, 10, 10, 10]   # own diagonal block
+    box = e.widget()
+    assert set(box.controls) == {"world", "step", "layout", "causal"}
+    box.controls["step"].value = 9                  # beyond P - 1: clamped, still draws
+    box.controls["layout"].value = "zigzag"
+    assert len(box.children[-1].outputs) == 1
