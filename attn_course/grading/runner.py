@@ -271,7 +271,8 @@ def _case_results(ex: Exercise, cases: list[Case], status: dict, tensors: dict) 
             results.append({"name": case.name, "ok": False, "hint": "not attempted"})
             continue
         if kind == "error":
-            results.append({"name": case.name, "ok": False, "hint": _short(entry.get("error", "error"))})
+            results.append({"name": case.name, "ok": False,
+                            "hint": _short(ex.explain_error(case, str(entry.get("error", "error"))), 600)})
             continue
         prefix = f"{i}/"
         got = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}

@@ -110,7 +110,7 @@ def _run(ex: Exercise, obj: Any) -> CheckResult:
             result.cases = []
             return result
         except (Exception, SystemExit) as exc:     # the learner's mistake, reported in one line
-            result.cases.append(CaseResult(case.name, False, describe_exception(exc)))
+            result.cases.append(CaseResult(case.name, False, ex.explain_error(case, describe_exception(exc))))
             found |= guard.violations
             continue
         found |= guard.violations

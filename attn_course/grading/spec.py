@@ -71,6 +71,8 @@ class Exercise:
     # Optional, added by the grading-validity review (issue 18); every existing set works without them:
     runtime_only: tuple[str, ...] = ()              # entries of ``forbidden`` checked only while the learner's
     #   object runs, not in the cell's text (the cell may use them outside it, e.g. to compare against SDPA)
+    error_hint_fn: Callable[[Case, str], str | None] | None = None   # names the mistake behind an exception
+    #   the learner's code raised on this case (e.g. a broadcast error that a known wrong grouping causes)
     max_numel_fn: Callable[[Case], int] | None = None   # tiling: the learner's object may not create any tensor
     #   with this many elements or more on this case (e.g. ``lambda c: Lq * Lk``, the whole score matrix)
 
@@ -104,6 +106,12 @@ class Exercise:
                            f"({limit} elements) or larger: this exercise asks for tiles — keep every "
                            f"intermediate tensor smaller than Lq·Lk.")
         return got
+
+    def explain_error(self, case: Case, error: str) -> str:
+        """The one-line error the learner's code raised on ``case``, with the named mistake if
+        ``error_hint_fn`` recognises it."""
+        hint = self.error_hint_fn(case, error) if self.error_hint_fn is not None else None
+        return f"{error} — {hint}" if hint else error
 
     def expected(self, case: Case) -> dict[str, torch.Tensor]:
         return self.expected_fn(case)
