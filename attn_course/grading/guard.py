@@ -33,7 +33,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["static_findings", "static_violations", "Finding", "judged_source", "RuntimeGuard", "TensorWatch",
+__all__ = ["static_findings", "static_violations", "Finding", "judged_source", "RuntimeGuard", "TensorWatch", "TensorCallWatch",
            "DEFAULT_ALIASES"]
 
 # Files of the grading machinery itself, which runs inside the guard (answer functions, the guard).
@@ -370,25 +370,52 @@ def judged_source(obj) -> str | None:
 
 # ---- tiling: the largest tensor the learner's code creates -------------------------------------------
 
-class TensorWatch(TorchDispatchMode):
-    """Records the largest tensor (elements and bytes) that any op creates while it is active.
+class _LargestTensor:
+    """Records the largest tensor (elements, bytes, shape) among the results it is shown."""
 
-    Deterministic, unlike memory counters: it counts what the code asks for. Used by exercises that promise
-    tiling (``Exercise.max_numel_fn``) and by :func:`attn_course.bench.largest_tensor_created`. It lives
-    here, in the grading package, so the runtime guard lets it run inside learner code."""
-
-    def __init__(self):
-        super().__init__()
+    def _reset(self):
         self.largest_numel = 0
         self.largest_bytes = 0
         self.largest_shape: tuple[int, ...] = ()
 
-    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+    def _record(self, out):
         for t in (out if isinstance(out, (tuple, list)) else (out,)):
             if isinstance(t, torch.Tensor):
                 n = t.numel()
                 if n > self.largest_numel:
                     self.largest_numel, self.largest_shape = n, tuple(t.shape)
                 self.largest_bytes = max(self.largest_bytes, n * t.element_size())
+
+
+class TensorWatch(_LargestTensor, TorchDispatchMode):
+    """The largest tensor any ATen op creates while it is active — autograd's backward included.
+
+    Deterministic, unlike memory counters: it counts what the code asks for. This is the counter behind
+    :func:`attn_course.bench.largest_tensor_created`. (Its first use in a process imports
+    ``torch._dynamo``, a few seconds: the tiling guard uses :class:`TensorCallWatch` instead.)"""
+
+    def __init__(self):
+        super().__init__()
+        self._reset()
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self._record(out)
+        return out
+
+
+class TensorCallWatch(_LargestTensor, TorchFunctionMode):
+    """The same counter one level up: the largest tensor returned by any torch function, tensor method or
+    operator called while it is active (factories such as ``torch.empty`` included). It sees every tensor
+    the learner's code holds, at no import cost; it does not see a composite op's internal temporaries
+    or a backward pass. Used by exercises that promise tiling (``Exercise.max_numel_fn``); it lives here,
+    in the grading package, so the runtime guard lets it run inside learner code."""
+
+    def __init__(self):
+        super().__init__()
+        self._reset()
+
+    def __torch_function__(self, func, types_, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self._record(out)
         return out

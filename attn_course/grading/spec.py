@@ -97,8 +97,8 @@ class Exercise:
         limit = self.max_numel_fn(case) if self.max_numel_fn is not None else None
         if limit is None:
             return self.answer_fn(obj, case)
-        from .guard import TensorWatch
-        with TensorWatch() as watch:
+        from .guard import TensorCallWatch
+        with TensorCallWatch() as watch:
             got = self.answer_fn(obj, case)
         if watch.largest_numel >= limit:
             raise NotTiled(f"your code created a tensor of shape {watch.largest_shape} "
