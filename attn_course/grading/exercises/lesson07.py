@@ -98,7 +98,8 @@ def _combine_judge(got, want, case):
 
 def _rope_cases(gen):
     cases = []
-    for shape, start in (((6, 8), 0), ((2, 3, 5, 16), 0), ((2, 4, 32), 7), ((1, 2, 3, 64), 100)):
+    # no case starts at position 0, where ignoring `positions` would give the right answer
+    for shape, start in (((6, 8), 3), ((2, 3, 5, 16), 1), ((2, 4, 32), 7), ((1, 2, 3, 64), 100)):
         x = torch.randn(*shape, generator=gen)
         cases.append(Case(f"x {shape}, positions {start}..{start + shape[-2] - 1}",
                           {"x": x, "positions": torch.arange(start, start + shape[-2])}))
@@ -140,7 +141,7 @@ _FACTORS = ("A_q", "B_q", "A_k", "B_k", "A_v", "B_v")
 
 def _which_cases(gen):
     cases = []
-    for Bs, L, H, (Rq, Rk, Rv), d, start in ((1, 4, 2, (3, 2, 2), 8, 0), (2, 5, 4, (6, 2, 2), 16, 3),
+    for Bs, L, H, (Rq, Rk, Rv), d, start in ((1, 4, 2, (3, 2, 2), 8, 2), (2, 5, 4, (6, 2, 2), 16, 3),     # start > 0
                                             (2, 3, 3, (2, 1, 3), 8, 10)):
         t = {}
         for name in _FACTORS:
@@ -203,7 +204,7 @@ def _which_judge(got, want, case):
 # ---- 07_cache_elements ----------------------------------------------------------------------------------
 
 def _cache_cases(gen):
-    shapes = [(1024, 12, 64, 2, 2, 1), (4096, 32, 128, 2, 1, 1), (100, 16, 64, 2, 3, 4)]
+    shapes = [(1024, 12, 64, 2, 2, 3), (4096, 32, 128, 2, 1, 3), (100, 16, 64, 2, 3, 4)]     # batch > 1 everywhere
     return [Case(f"seq_len={s}, H={H}, d_h={d}, R_k={rk}, R_v={rv}, batch={b}",
                  params=dict(seq_len=s, num_heads=H, head_dim=d, k_rank=rk, v_rank=rv, batch_size=b))
             for s, H, d, rk, rv, b in shapes]

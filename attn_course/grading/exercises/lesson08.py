@@ -76,7 +76,8 @@ def _step_ref(m, l, acc, s, v, *, rescale_acc=True, rescale_l=True):
 
 def _step_cases(gen):
     out = []
-    for R, C, D, n, masked in [(3, 4, 2, 3, False), (4, 3, 5, 4, True), (2, 5, 3, 2, True), (5, 2, 4, 3, False)]:
+    # both bugs show on every case: later tiles score higher (the max rises) and a tile is fully masked
+    for R, C, D, n, masked in [(3, 4, 2, 3, True), (4, 3, 5, 4, True), (2, 5, 3, 2, True), (5, 2, 4, 3, True)]:
         inputs = {}
         for j in range(n):
             s = torch.randn(R, C, generator=gen, dtype=_F64) * 2 + j            # later tiles score higher
