@@ -33,8 +33,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["static_findings", "static_violations", "Finding", "judged_source", "RuntimeGuard", "TensorWatch", "TensorCallWatch",
-           "DEFAULT_ALIASES"]
+__all__ = ["static_findings", "static_violations", "Finding", "judged_source", "RuntimeGuard", "TensorWatch",
+           "TensorCallWatch", "DEFAULT_ALIASES"]
 
 # Files of the grading machinery itself, which runs inside the guard (answer functions, the guard).
 _GRADING_DIR = os.path.dirname(os.path.abspath(__file__))

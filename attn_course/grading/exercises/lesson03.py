@@ -85,7 +85,8 @@ def _gqa_expected(case):
     return {"out": _gqa(i["q"], i["k"], i["v"], case.params["causal"]).to(i["q"].dtype)}
 
 
-_SEED_GROUPING = ("seed 000's grouping: q viewed as (B, G, H_kv, L, d) and multiplied with k (B, H_kv, L, d) — matmul "
+_SEED_GROUPING = ("seed 000's grouping: q viewed as (B, G, H_kv, L, d) and multiplied with k (B, H_kv, L, d) — "
+                  "matmul "
                   "broadcasts the leading axes from the right, so k's BATCH axis lines up with q's group axis "
                   "(it only runs when B is 1 or G, and then samples read each other's keys). Keep the batch "
                   "axis: expand k and v with repeat_interleave(G, dim=1), then attend per head.")
