@@ -17,7 +17,7 @@ def results(ex_id, fn, seed=0):
         try:
             got = ex.answer(fn, case)
         except Exception as exc:
-            out.append((False, f"{type(exc).__name__}: {exc}"))
+            out.append((False, ex.explain_error(case, f"{type(exc).__name__}: {exc}")))
             continue
         r = judge_case(ex, got, ex.expected(case), case)
         out.append((r.ok, r.message))

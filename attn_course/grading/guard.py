@@ -4,8 +4,10 @@ An exercise lists the APIs it forbids as dotted names (``spec.FORBID_SDPA``, ``s
 an attribute chain such as ``"torch.nn.functional.scaled_dot_product_attention"`` or a whole module such
 as ``"attn_course"``.
 
-* :func:`static_violations` reads source code (the grader runs it, trusted, on the learner's cell): any
-  name, attribute, import or string literal that mentions a forbidden API counts.
+* :func:`static_findings` reads source code — the whole exercise cell, the same text for ``check()`` (see
+  :func:`judged_source`) and for the bulk grader: only an actual *reference* to a forbidden API counts (an
+  attribute chain or import that resolves to it, or ``getattr``/``__import__``/``importlib`` with its
+  name as a constant string). Strings, docstrings, comments and names the learner binds never count.
 * :class:`RuntimeGuard` records forbidden calls while the learner's object runs: a ``sys.setprofile``
   hook sees Python functions (by code object, or by file for a forbidden module) and builtins
   (by identity), and a ``TorchFunctionMode`` sees torch functions called from C (``functools.partial``,
@@ -20,14 +22,19 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import linecache
 import os
 import sys
 import types
+from dataclasses import dataclass
 from functools import lru_cache
 
+import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["static_violations", "RuntimeGuard"]
+__all__ = ["static_findings", "static_violations", "Finding", "judged_source", "RuntimeGuard", "TensorWatch",
+           "TensorCallWatch", "DEFAULT_ALIASES"]
 
 # Files of the grading machinery itself, which runs inside the guard (answer functions, the guard).
 _GRADING_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -37,39 +44,157 @@ def _leaf(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
 
-def static_violations(source: str, forbidden: tuple[str, ...] | list[str]) -> list[str]:
-    """Forbidden APIs that ``source`` mentions (sorted, each once). Unparsable source mentions nothing
-    (it fails when run instead). Comments are ignored; string literals count (``getattr(F, "scaled_…")``)."""
+# ---- the static check ------------------------------------------------------------------------------------
+
+# Names a learner may use in an exercise cell without importing them there (the notebooks' setup cells
+# import ``torch``; ``F`` and ``nn`` are the universal spellings of these modules). A name the cell binds
+# itself (an import, a ``def``, an assignment, an argument) replaces its default.
+DEFAULT_ALIASES = {"torch": "torch", "F": "torch.nn.functional", "nn": "torch.nn"}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One reference to a forbidden API in the learner's source."""
+    line: int                 # 1-based line in the judged source
+    token: str                # the code as written, e.g. "F.scaled_dot_product_attention"
+    api: str                  # the forbidden entry it resolves to, e.g. "torch.nn.functional.scaled_dot_product_attention"
+
+    def __str__(self) -> str:
+        return f"line {self.line}: `{self.token}` ({self.api})"
+
+
+def _bound_names(tree: ast.AST) -> set[str]:
+    """Names the source binds other than by ``import`` (def, class, assignment, argument, loop, with, ...)."""
+    bound: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bound.add(node.id)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            bound.add(node.name)
+    return bound
+
+
+def _const_str(node) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+class _Resolver:
+    """Resolves expressions of the source to dotted API names with simple, flow-insensitive aliasing:
+    ``import a.b as c``, ``from a import b``, ``x = torch.nn.functional``, ``getattr(F, "name")``,
+    ``__import__("a")``, ``importlib.import_module("a.b")``."""
+
+    def __init__(self, tree: ast.AST):
+        bound = _bound_names(tree)
+        self.aliases: dict[str, str] = {k: v for k, v in DEFAULT_ALIASES.items() if k not in bound}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.asname:
+                        self.aliases[a.asname] = a.name
+                    else:
+                        top = a.name.split(".")[0]
+                        self.aliases[top] = top
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for a in node.names:
+                    if a.name != "*":
+                        self.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        # simple assignments of a resolvable value (``f = torch.nn.functional``), to a fixed point
+        for _ in range(3):
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                        and isinstance(node.targets[0], ast.Name)):
+                    value = self.resolve(node.value)
+                    if value is not None:
+                        self.aliases[node.targets[0].id] = value
+
+    def resolve(self, node) -> str | None:
+        if isinstance(node, ast.Name):
+            return self.aliases.get(node.id)
+        if isinstance(node, ast.Attribute):
+            base = self.resolve(node.value)
+            return None if base is None else f"{base}.{node.attr}"
+        if isinstance(node, ast.Call):
+            fn = self.resolve(node.func)
+            name = _const_str(node.args[0]) if node.args else None
+            if isinstance(node.func, ast.Name) and node.func.id == "getattr" and len(node.args) >= 2:
+                base, attr = self.resolve(node.args[0]), _const_str(node.args[1])
+                return None if base is None or attr is None else f"{base}.{attr}"
+            if name is not None and isinstance(node.func, ast.Name) and node.func.id == "__import__":
+                return name.split(".")[0]
+            if name is not None and fn == "importlib.import_module":
+                return name
+        return None
+
+
+def _matches(path: str, api: str) -> bool:
+    return path == api or path.startswith(api + ".")
+
+
+def static_findings(source: str, forbidden) -> list[Finding]:
+    """Every reference to a forbidden API in ``source`` (one per line and API, in source order).
+
+    Only a real reference counts: an attribute chain or imported name that resolves (through the cell's
+    imports, the default names ``torch``/``F``/``nn`` and simple assignments) to a forbidden API, an
+    ``import`` of it, or ``getattr``/``__import__``/``importlib.import_module`` with its name as a constant
+    string. Strings, docstrings, comments and names the learner binds (their own ``logsumexp`` or
+    ``def scaled_dot_product_attention``) never count. Unparsable source has no findings (it fails when run).
+    """
+    forbidden = tuple(forbidden)
     if not forbidden:
         return []
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return []
-    found: set[str] = set()
-    leaves = {f: _leaf(f) for f in forbidden}
+    res = _Resolver(tree)
+    leaves = {_leaf(f): f for f in forbidden if "." in f}
+    found: dict[tuple[int, str], Finding] = {}
 
-    def mentions(text: str, f: str) -> bool:
-        return text == f or text.startswith(f + ".") or text == leaves[f]
+    def add(node, path: str | None, token: str | None = None):
+        if path is None:
+            return
+        for api in forbidden:
+            if _matches(path, api):
+                if token is None:
+                    seg = ast.get_source_segment(source, node) or path
+                    token = " ".join(seg.split())
+                key = (node.lineno, api)
+                found.setdefault(key, Finding(node.lineno, token, api))
+                return
 
     for node in ast.walk(tree):
-        names: list[str] = []
-        if isinstance(node, ast.Name):
-            names = [node.id]
-        elif isinstance(node, ast.Attribute):
-            names = [node.attr]
-        elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names] + [a.name.split(".")[0] for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            mod = node.module or ""
-            names = [mod, mod.split(".")[0]] + [f"{mod}.{a.name}" for a in node.names] + [a.name for a in node.names]
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            found.update(f for f in forbidden if leaves[f] in node.value)
-            continue
-        for f in forbidden:
-            if any(mentions(n, f) for n in names):
-                found.add(f)
-    return sorted(found)
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                add(node, a.name, f"import {a.name}")
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            add(node, node.module, f"from {node.module} import ...")
+            for a in node.names:
+                add(node, f"{node.module}.{a.name}", f"from {node.module} import {a.name}")
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            add(node, res.resolve(node))
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in res.aliases \
+                and res.aliases[node.id] != node.id:
+            add(node, res.aliases[node.id])
+        elif isinstance(node, ast.Call):
+            path = res.resolve(node)
+            if path is not None:
+                add(node, path)
+            elif isinstance(node.func, ast.Name) and node.func.id == "getattr" and len(node.args) >= 2:
+                attr = _const_str(node.args[1])
+                if attr in leaves:                          # getattr(something, "scaled_dot_product_attention")
+                    add(node, leaves[attr])
+    return sorted(found.values(), key=lambda f: (f.line, f.api))
+
+
+def static_violations(source: str, forbidden) -> list[str]:
+    """The forbidden APIs that ``source`` references (sorted, each once); see :func:`static_findings`."""
+    return sorted({f.api for f in static_findings(source, forbidden)})
 
 
 @lru_cache(maxsize=None)
@@ -203,3 +328,94 @@ class RuntimeGuard:
             self._spy = None
         sys.setprofile(self._old_profile)
         return False
+
+
+# ---- which source is judged ------------------------------------------------------------------------------
+
+def _code_of(obj):
+    """A code object that belongs to ``obj`` (function, method, partial, class or instance), else None."""
+    import functools
+    for _ in range(4):
+        if isinstance(obj, functools.partial):
+            obj = obj.func
+            continue
+        code = getattr(getattr(obj, "__func__", obj), "__code__", None)
+        if isinstance(code, types.CodeType):
+            return code
+        cls = obj if inspect.isclass(obj) else type(obj)
+        for member in vars(cls).values():
+            member = getattr(member, "__func__", member)
+            if isinstance(member, types.FunctionType):
+                return member.__code__
+        return None
+    return None
+
+
+def judged_source(obj) -> str | None:
+    """The source that :func:`static_findings` judges for ``check(id, obj)``: the whole notebook cell that
+    defined ``obj`` (IPython keeps every cell's text in ``linecache`` under a name that is not a file on
+    disk) — exactly what the bulk grader reads, the exercise cell. For an object defined in a real file
+    (a module, a test), its own source. None if there is none."""
+    code = _code_of(obj)
+    if code is not None and not os.path.isfile(code.co_filename):
+        lines = linecache.getlines(code.co_filename)
+        if lines:
+            return "".join(lines)
+    try:
+        target = obj if (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.ismethod(obj)) else type(obj)
+        return inspect.getsource(target)
+    except (OSError, TypeError):
+        return None
+
+
+# ---- tiling: the largest tensor the learner's code creates -------------------------------------------
+
+class _LargestTensor:
+    """Records the largest tensor (elements, bytes, shape) among the results it is shown."""
+
+    def _reset(self):
+        self.largest_numel = 0
+        self.largest_bytes = 0
+        self.largest_shape: tuple[int, ...] = ()
+
+    def _record(self, out):
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor):
+                n = t.numel()
+                if n > self.largest_numel:
+                    self.largest_numel, self.largest_shape = n, tuple(t.shape)
+                self.largest_bytes = max(self.largest_bytes, n * t.element_size())
+
+
+class TensorWatch(_LargestTensor, TorchDispatchMode):
+    """The largest tensor any ATen op creates while it is active — autograd's backward included.
+
+    Deterministic, unlike memory counters: it counts what the code asks for. This is the counter behind
+    :func:`attn_course.bench.largest_tensor_created`. (Its first use in a process imports
+    ``torch._dynamo``, a few seconds: the tiling guard uses :class:`TensorCallWatch` instead.)"""
+
+    def __init__(self):
+        super().__init__()
+        self._reset()
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self._record(out)
+        return out
+
+
+class TensorCallWatch(_LargestTensor, TorchFunctionMode):
+    """The same counter one level up: the largest tensor returned by any torch function, tensor method or
+    operator called while it is active (factories such as ``torch.empty`` included). It sees every tensor
+    the learner's code holds, at no import cost; it does not see a composite op's internal temporaries
+    or a backward pass. Used by exercises that promise tiling (``Exercise.max_numel_fn``); it lives here,
+    in the grading package, so the runtime guard lets it run inside learner code."""
+
+    def __init__(self):
+        super().__init__()
+        self._reset()
+
+    def __torch_function__(self, func, types_, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self._record(out)
+        return out

@@ -43,7 +43,6 @@ import torch
 
 from . import notebook as nbk
 from .exercises import registry
-from .guard import static_violations
 from .release import find_root
 from .selfcheck import case_seed, judge_case
 from .spec import Case, Exercise
@@ -272,7 +271,8 @@ def _case_results(ex: Exercise, cases: list[Case], status: dict, tensors: dict) 
             results.append({"name": case.name, "ok": False, "hint": "not attempted"})
             continue
         if kind == "error":
-            results.append({"name": case.name, "ok": False, "hint": _short(entry.get("error", "error"))})
+            results.append({"name": case.name, "ok": False,
+                            "hint": _short(ex.explain_error(case, str(entry.get("error", "error"))), 600)})
             continue
         prefix = f"{i}/"
         got = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
@@ -329,7 +329,8 @@ def _grade_into(report: dict, sub: Submission, course: Course, opts: Options) ->
     report["seed"] = base
     cases = {i: reg[i].cases(torch.Generator().manual_seed(case_seed(i, base))) for i in ids}
 
-    static = {i: static_violations(nbk.strip_magics(sources[i]), reg[i].forbidden) for i in ids if i in sources}
+    # the same static check as check(): the whole exercise cell, only real references to forbidden APIs
+    static = {i: reg[i].static_findings(nbk.strip_magics(sources[i])) for i in ids if i in sources}
     skip: dict[str, str] = {}
     answers: dict[str, tuple[dict, dict]] = {}
     tail = ""
@@ -375,11 +376,14 @@ def _grade_into(report: dict, sub: Submission, course: Course, opts: Options) ->
         if status.get("capture_error"):
             entry["notes"].append(f"the object to check was not defined: {_short(status['capture_error'])}")
         entry["cases"] = _case_results(ex, cases[i], status, tensors)
-        used = sorted(set(static.get(i, [])) | {str(v) for v in status.get("violations", []) if isinstance(v, str)}
+        findings = static.get(i, [])
+        used = sorted({f.api for f in findings} | {str(v) for v in status.get("violations", []) if isinstance(v, str)}
                       & set(ex.forbidden))
         if used:
             entry["status"] = "forbidden"
-            entry["notes"].append(f"uses {', '.join(used)}, which this exercise forbids: 0 points")
+            where = "; ".join(str(f) for f in findings)
+            entry["notes"].append(f"uses {', '.join(used)}" + (f" ({where})" if where else " (while it runs)")
+                                  + ", which this exercise forbids: 0 points")
             continue
         if entry["cases"] and all(c["hint"] == "not attempted" for c in entry["cases"]):
             entry["status"] = "not attempted"

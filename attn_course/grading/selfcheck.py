@@ -9,7 +9,6 @@ means "not attempted yet". It is a self-check, not the grade: the instructor's g
 """
 from __future__ import annotations
 
-import inspect
 import os
 import traceback
 import zlib
@@ -19,7 +18,7 @@ from typing import Any
 import torch
 
 from .exercises import get
-from .guard import RuntimeGuard, static_violations
+from .guard import RuntimeGuard, judged_source
 from .spec import Case, Exercise, validate
 
 __all__ = ["check", "CheckResult", "CaseResult", "judge_case", "describe_exception", "case_seed"]
@@ -50,6 +49,7 @@ class CheckResult:
     status: str = "checked"    # "checked" | "not attempted" | "forbidden" | "unknown exercise"
     cases: list[CaseResult] = field(default_factory=list)
     forbidden: list[str] = field(default_factory=list)    # forbidden APIs the learner's code used
+    details: list[str] = field(default_factory=list)      # where: "line 3: `F.softmax` (torch.nn.functional.softmax)"
 
     @property
     def n_passed(self) -> int:
@@ -94,18 +94,10 @@ def judge_case(ex: Exercise, got: Any, want: dict[str, torch.Tensor], case: Case
     return CaseResult(case.name, bool(verdict.ok), "" if verdict.ok else (verdict.hint or "wrong values"))
 
 
-def _source_of(obj: Any) -> str | None:
-    try:
-        target = obj if (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.ismethod(obj)) else type(obj)
-        return inspect.getsource(target)
-    except (OSError, TypeError):
-        return None
-
-
 def _run(ex: Exercise, obj: Any) -> CheckResult:
     result = CheckResult(ex.id, float(ex.points))
-    source = _source_of(obj) if ex.forbidden else None
-    found = set(static_violations(source, ex.forbidden)) if source else set()
+    findings = ex.static_findings(judged_source(obj)) if ex.static_forbidden else []
+    found = {f.api for f in findings}
     gen = torch.Generator().manual_seed(case_seed(ex.id, SELF_CHECK_SEED))
     for case in ex.cases(gen):
         want = ex.expected(case)
@@ -118,7 +110,7 @@ def _run(ex: Exercise, obj: Any) -> CheckResult:
             result.cases = []
             return result
         except (Exception, SystemExit) as exc:     # the learner's mistake, reported in one line
-            result.cases.append(CaseResult(case.name, False, describe_exception(exc)))
+            result.cases.append(CaseResult(case.name, False, ex.explain_error(case, describe_exception(exc))))
             found |= guard.violations
             continue
         found |= guard.violations
@@ -126,6 +118,7 @@ def _run(ex: Exercise, obj: Any) -> CheckResult:
     if found:
         result.status = "forbidden"
         result.forbidden = sorted(found)
+        result.details = [str(f) for f in findings]
         return result
     result.score = ex.score(result.n_passed, len(result.cases))
     return result
@@ -146,8 +139,9 @@ def _report(ex: Exercise, result: CheckResult) -> str:
         lines.append(f"  {'✓' if c.ok else '✗'} {c.name}" + ("" if c.ok else f": {c.message}"))
     if result.status == "forbidden":
         apis = ", ".join(result.forbidden)
-        lines.append(f"  ✗ your code uses {apis}, which this exercise forbids: write it by hand. "
-                     f"The grader gives 0 points for it.")
+        where = "; ".join(result.details)
+        lines.append(f"  ✗ your code uses {apis}" + (f" ({where})" if where else " (while it runs)")
+                     + ", which this exercise forbids: write it by hand. The grader gives 0 points for it.")
         return "\n".join(lines)
     n, total = result.n_passed, len(result.cases)
     verdict = "all cases passed" if n == total else f"{n}/{total} cases passed"

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["Case", "Verdict", "Exercise", "validate", "close", "matches", "first_match", "diagnose",
+__all__ = ["Case", "Verdict", "Exercise", "NotTiled", "validate", "close", "matches", "first_match", "diagnose",
            "FORBID_SDPA", "FORBID_COURSE"]
 
 # Names for the ``forbidden`` tuple: dotted APIs (attribute chains) or whole modules.
@@ -39,6 +39,10 @@ class Case:
     name: str
     inputs: dict[str, torch.Tensor] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
+
+
+class NotTiled(Exception):
+    """The learner's code materialised a tensor as large as the whole score matrix in a tiling exercise."""
 
 
 @dataclass(frozen=True)
@@ -64,12 +68,50 @@ class Exercise:
     judge_fn: Callable[[dict, dict, Case], Verdict] | None = None
     forbidden: tuple[str, ...] = ()                 # APIs the learner's cell may not use (static + runtime)
     all_or_nothing: bool = False
+    # Optional, added by the grading-validity review (issue 18); every existing set works without them:
+    runtime_only: tuple[str, ...] = ()              # entries of ``forbidden`` checked only while the learner's
+    #   object runs, not in the cell's text (the cell may use them outside it, e.g. to compare against SDPA)
+    error_hint_fn: Callable[[Case, str], str | None] | None = None   # names the mistake behind an exception
+    #   the learner's code raised on this case (e.g. a broadcast error that a known wrong grouping causes)
+    max_numel_fn: Callable[[Case], int] | None = None   # tiling: the learner's object may not create any tensor
+    #   with this many elements or more on this case (e.g. ``lambda c: Lq * Lk``, the whole score matrix)
+
+    @property
+    def static_forbidden(self) -> tuple[str, ...]:
+        """The forbidden APIs that the static check looks for in the exercise cell."""
+        return tuple(f for f in self.forbidden if f not in self.runtime_only)
+
+    def static_findings(self, source: str | None) -> list:
+        """References to forbidden APIs in ``source`` (the whole exercise cell), as
+        :class:`~attn_course.grading.guard.Finding` — the ONE static check shared by ``check()`` and the
+        bulk grader."""
+        from .guard import static_findings
+        return static_findings(source, self.static_forbidden) if source else []
 
     def cases(self, gen: torch.Generator) -> list[Case]:
         return self.cases_fn(gen)
 
     def answer(self, obj: Any, case: Case) -> dict[str, torch.Tensor]:
-        return self.answer_fn(obj, case)
+        """Apply the learner's object to ``case``. With ``max_numel_fn``, raises :class:`NotTiled` when the
+        learner's code created a tensor of ``max_numel_fn(case)`` elements or more."""
+        limit = self.max_numel_fn(case) if self.max_numel_fn is not None else None
+        if limit is None:
+            return self.answer_fn(obj, case)
+        from .guard import TensorCallWatch
+        with TensorCallWatch() as watch:
+            got = self.answer_fn(obj, case)
+        if watch.largest_numel >= limit:
+            raise NotTiled(f"your code created a tensor of shape {watch.largest_shape} "
+                           f"({watch.largest_numel} elements), as large as the whole score matrix "
+                           f"({limit} elements) or larger: this exercise asks for tiles — keep every "
+                           f"intermediate tensor smaller than Lq·Lk.")
+        return got
+
+    def explain_error(self, case: Case, error: str) -> str:
+        """The one-line error the learner's code raised on ``case``, with the named mistake if
+        ``error_hint_fn`` recognises it."""
+        hint = self.error_hint_fn(case, error) if self.error_hint_fn is not None else None
+        return f"{error} — {hint}" if hint else error
 
     def expected(self, case: Case) -> dict[str, torch.Tensor]:
         return self.expected_fn(case)

@@ -146,10 +146,12 @@ def _attn_judge(got, want, case):
 # ---- 01_causal_padding_mask -----------------------------------------------------------------------------
 
 def _mask_cases(gen):
-    cases = [Case("one sequence, lengths [2], L=3", {"lengths": torch.tensor([2])}, {"L": 3}),
+    # every case has a sequence with at least two padded keys (so an off-by-one in the padding, a missing
+    # padding mask and a missing causal mask all give different masks) and one without padding
+    cases = [Case("lengths [4, 2], L=4", {"lengths": torch.tensor([4, 2])}, {"L": 4}),
              Case("lengths [5, 3, 1], L=5", {"lengths": torch.tensor([5, 3, 1])}, {"L": 5})]
     lengths = torch.randint(1, 8, (4,), generator=gen)
-    lengths[0] = 7
+    lengths[0], lengths[1] = 7, 2
     cases.append(Case(f"lengths {lengths.tolist()}, L=7", {"lengths": lengths}, {"L": 7}))
     return cases
 
@@ -174,12 +176,19 @@ def _mask_expected(case):
 def _mask_judge(got, want, case):
     if close(got["mask"], want["mask"]):
         return Verdict(True)
-    i, j, real, _ = _mask_parts(case)
+    i, j, real, L = _mask_parts(case)
     real_q = real.transpose(-2, -1)                                       # (B, L, 1) query i is a real token
     B = real.shape[0]
+    lengths = case.inputs["lengths"]
     candidates = [
         ("your mask is inverted: True must mean 'may attend' (nn.MultiheadAttention uses True = blocked).",
          ~want["mask"]),
+        ("off by one in the padding: key j is real when j < lengths[b] (positions 0 … length−1); "
+         "j <= lengths[b] also shows the first padded key.",
+         ((j <= i)[None] & (torch.arange(L) <= lengths[:, None])[:, None, :])[:, None]),
+        ("off by one in the padding: key j is real when j < lengths[b]; j < lengths[b] − 1 hides the last "
+         "real key too.",
+         ((j <= i)[None] & (torch.arange(L) < lengths[:, None] - 1)[:, None, :])[:, None]),
         ("only the causal part is there: padded keys (j >= length) must be hidden too.",
          (j <= i).expand(B, -1, -1)[:, None]),
         ("only the padding part is there: a query must not see later keys (causal: j <= i).",
@@ -324,7 +333,8 @@ EXERCISES = [
              _shape_cases, _shape_answer, _shape_expected, _shape_judge),
     Exercise("01_fix_the_bug", 2, "Fix a buggy attention",
              "a function fixed_attention(q, k, v, mask) -> out",
-             _fix_cases, _fix_answer, _fix_expected, _fix_judge, forbidden=FORBID_SDPA + FORBID_COURSE),
+             _fix_cases, _fix_answer, _fix_expected, _fix_judge, forbidden=FORBID_SDPA + FORBID_COURSE,
+             runtime_only=FORBID_SDPA),           # the cell may compare with SDPA; fixed_attention may not call it
     Exercise("01_score_std", 1, "Why 1/√d_k: the spread of the scores",
              "a function score_std(d_k) -> (std_unscaled, std_scaled)",
              _std_cases, _std_answer, _std_expected, _std_judge),

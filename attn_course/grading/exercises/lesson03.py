@@ -43,7 +43,8 @@ def _gqa(q, k, v, causal, *, how="interleave", scale=True):
 
 def _expand_cases(gen):
     return [Case(f"k (B={B}, H_kv={Hkv}, L={L}, d={d}), num_heads={H}", {"k": torch.randn(B, Hkv, L, d, generator=gen)},
-                 {"num_heads": H}) for B, Hkv, H, L, d in [(3, 2, 8, 4, 4), (1, 4, 8, 3, 2), (2, 1, 4, 5, 3), (2, 3, 3, 2, 2)]]
+                 {"num_heads": H}) for B, Hkv, H, L, d in [(3, 2, 8, 4, 4), (1, 4, 8, 3, 2), (2, 3, 6, 5, 3), (2, 2, 6, 2, 2)]]
+    # every case has H_kv >= 2 and G >= 2: there .repeat and .repeat_interleave always differ
 
 
 def _expand_answer(fn, case):
@@ -65,7 +66,9 @@ def _expand_judge(got, want, case):
 
 def _gqa_cases(gen):
     out = []
-    for B, H, Hkv, L, d, causal in [(3, 8, 2, 5, 4, False), (3, 4, 2, 6, 8, True), (1, 6, 3, 4, 4, True), (2, 4, 1, 5, 4, False)]:
+    # H_kv >= 2 and G >= 2 everywhere (repeat != repeat_interleave); seed 000's grouping raises for B=3, G=4
+    # and B=3, G=2, mixes samples for B = G = 2, and equals .repeat for B = 1
+    for B, H, Hkv, L, d, causal in [(3, 8, 2, 5, 4, False), (3, 4, 2, 6, 8, True), (1, 6, 3, 4, 4, True), (2, 4, 2, 5, 4, False)]:
         out.append(Case(f"B={B}, H={H}, H_kv={Hkv}, L={L}, d_h={d}, causal={causal}",
                         {"q": torch.randn(B, H, L, d, generator=gen), "k": torch.randn(B, Hkv, L, d, generator=gen),
                          "v": torch.randn(B, Hkv, L, d, generator=gen)}, {"causal": causal}))
@@ -82,11 +85,43 @@ def _gqa_expected(case):
     return {"out": _gqa(i["q"], i["k"], i["v"], case.params["causal"]).to(i["q"].dtype)}
 
 
+_SEED_GROUPING = ("seed 000's grouping: q viewed as (B, G, H_kv, L, d) and multiplied with k (B, H_kv, L, d) — "
+                  "matmul "
+                  "broadcasts the leading axes from the right, so k's BATCH axis lines up with q's group axis "
+                  "(it only runs when B is 1 or G, and then samples read each other's keys). Keep the batch "
+                  "axis: expand k and v with repeat_interleave(G, dim=1), then attend per head.")
+
+
+def _seed_grouping(q, k, v, causal):
+    """Seed 000's GroupedAttention applied to (q, k, v); None where its shapes do not broadcast."""
+    B, H, L, d = q.shape
+    Hkv = k.shape[1]
+    G = H // Hkv
+    q, k, v = q.to(_F64), k.to(_F64), v.to(_F64)
+    try:
+        s = q.reshape(B, G, Hkv, L, d) @ k.transpose(-2, -1) / math.sqrt(d)
+        if causal:
+            s = s.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
+        return (torch.softmax(s, -1) @ v).reshape(B, H, L, d)
+    except RuntimeError:
+        return None
+
+
+def _gqa_error_hint(case, error):
+    B, H = case.inputs["q"].shape[:2]
+    G = H // case.inputs["k"].shape[1]
+    if "must match the size of tensor" in error and B not in (1, G):
+        return _SEED_GROUPING
+    return None
+
+
 def _gqa_judge(got, want, case):
     if close(got["out"], want["out"]):
         return Verdict(True)
     i, c = case.inputs, case.params["causal"]
-    cands = [(_REPEAT_HINT, _gqa(i["q"], i["k"], i["v"], c, how="repeat")),
+    cands = [(_REPEAT_HINT + " (seed 000's grouping does the same when B = 1.)" if i["q"].shape[0] == 1
+              else _REPEAT_HINT, _gqa(i["q"], i["k"], i["v"], c, how="repeat")),
+             (_SEED_GROUPING, _seed_grouping(i["q"], i["k"], i["v"], c)),
              ("the scores are not scaled: divide by √d_h.", _gqa(i["q"], i["k"], i["v"], c, scale=False))]
     if c:
         cands.append(("the causal mask is missing: query i may only attend keys j <= i.", _gqa(i["q"], i["k"], i["v"], False)))
@@ -96,11 +131,11 @@ def _gqa_judge(got, want, case):
 # ---- 03_kv_cache_bytes --------------------------------------------------------------------------------
 
 _CFG = [  # (name, layers, H, H_kv, d_h, seq_len, batch, bytes per element)
-    ("LLaMA-2-70B, fp16, 4k tokens", 80, 64, 8, 128, 4096, 1, 2),
+    ("LLaMA-2-70B, fp16, 2 sequences of 4k", 80, 64, 8, 128, 4096, 2, 2),
     ("Mistral-7B, bf16, 8 sequences of 32k", 32, 32, 8, 128, 32768, 8, 2),
     ("toy MQA, fp32", 3, 8, 1, 16, 100, 3, 4),
-    ("toy MHA, fp16", 5, 4, 4, 8, 10, 1, 2),
-]
+    ("toy GQA, fp16", 5, 4, 2, 8, 10, 2, 2),
+]   # every case: H_kv < H, batch > 1, layers > 1, bytes > 1 — each mistake below changes every answer
 
 
 def _bytes_cases(gen):
@@ -134,6 +169,8 @@ def _bytes_judge(got, want, case):
         ("each kv head has width head_dim, not d_model = num_heads·head_dim (seed 003's mistake).",
          _bytes_formula(p, width=p["num_heads"] * p["head_dim"])),
         ("that is the number of elements; multiply by bytes_per_element.", _bytes_formula(p) // p["bytes_per_element"]),
+        ("every sequence of the batch has its own cache: multiply by batch_size.",
+         _bytes_formula(p) // p["batch_size"]),
     ]:
         if g == value:
             return Verdict(False, hint)
@@ -144,7 +181,7 @@ def _bytes_judge(got, want, case):
 
 def _decode_cases(gen):
     out = []
-    for B, D, H, Hkv, past in [(3, 16, 4, 2, 4), (2, 12, 6, 3, 1), (1, 8, 4, 1, 6)]:
+    for B, D, H, Hkv, past in [(3, 16, 4, 2, 4), (2, 12, 6, 3, 1), (1, 8, 4, 2, 6)]:      # H_kv >= 2, G >= 2
         d = D // H
         W = {"W_q": torch.randn(D, D, generator=gen) / math.sqrt(D),
              "W_k": torch.randn(Hkv * d, D, generator=gen) / math.sqrt(D),
@@ -203,7 +240,8 @@ EXERCISES = [
              _expand_cases, _expand_answer, _expand_expected, _expand_judge, forbidden=FORBID_COURSE),
     Exercise("03_gqa_attention", 3, "Grouped-query attention by hand",
              "a function gqa_attention(q, k, v, causal) -> (B, H, L, d)",
-             _gqa_cases, _gqa_answer, _gqa_expected, _gqa_judge, forbidden=FORBID_SDPA + FORBID_COURSE),
+             _gqa_cases, _gqa_answer, _gqa_expected, _gqa_judge, forbidden=FORBID_SDPA + FORBID_COURSE,
+             error_hint_fn=_gqa_error_hint),
     Exercise("03_kv_cache_bytes", 2, "KV-cache size arithmetic",
              "a function cache_bytes(num_layers, num_heads, num_kv_heads, head_dim, seq_len, batch_size, bytes_per_element) -> int",
              _bytes_cases, _bytes_answer, _bytes_expected, _bytes_judge, forbidden=FORBID_COURSE),

@@ -203,7 +203,9 @@ def _shape_judge(got, want, case):
 
 def _split_cases(gen):
     cases = []
-    for B, H, Lq, n_img, n_txt, d in ((1, 1, 3, 5, 4, 8), (2, 2, 4, 9, 3, 8), (1, 2, 2, 257, 6, 4),
+    # never 257 image tokens (a hard-coded 257 must fail everywhere); two contexts longer than 257, where
+    # a split at 257 differs from one joint softmax, and two short ones, where it is the same thing
+    for B, H, Lq, n_img, n_txt, d in ((1, 1, 3, 5, 4, 8), (2, 2, 4, 9, 3, 8), (1, 2, 2, 256, 6, 4),
                                       (1, 1, 2, 300, 5, 4)):
         q = torch.randn(B, H, Lq, d, generator=gen)
         k = torch.randn(B, H, n_img + n_txt, d, generator=gen)
@@ -239,7 +241,11 @@ def _split_judge(got, want, case):
     candidates = [
         ("you split at 257 whatever num_image_tokens is: use the argument, the layout is not always CLIP's.",
          _split_ref(i["q"], i["k"], i["v"], 257) if 0 < 257 < L and n != 257 else None),
-        ("you ran one softmax over all image + text tokens: seed 002 runs two attentions (image, text), each "
+        ("you ran one softmax over all image + text tokens (or split at a hard-coded 257, which on a context "
+         "shorter than 257 tokens is the same thing): seed 002 runs two attentions (image = the first "
+         "num_image_tokens, text = the rest), each with its own softmax, and adds their outputs."
+         if L <= 257 else
+         "you ran one softmax over all image + text tokens: seed 002 runs two attentions (image, text), each "
          "with its own softmax, and adds their outputs.", _split_ref(i["q"], i["k"], i["v"], n, joint=True)),
         ("the image tokens come first in the context: image = [:num_image_tokens], text = the rest.",
          _split_ref(i["q"], i["k"], i["v"], n, text_first=True) if 2 * n != L else None),

@@ -22,7 +22,8 @@ _F64 = torch.float64
 
 def _tm_cases(gen):
     cases = []
-    for B, H, L, d, lengths in ((1, 1, 4, 3, None), (3, 2, 5, 4, None), (2, 2, 6, 4, [6, 3]), (3, 1, 5, 2, [2, 5, 4])):
+    # B·H > 1 everywhere: a batch-wide norm differs from the per-(sample, head) norm on every case
+    for B, H, L, d, lengths in ((2, 1, 4, 3, None), (3, 2, 5, 4, None), (2, 2, 6, 4, [6, 3]), (3, 1, 5, 2, [2, 5, 4])):
         T = torch.randn(B, H, L, d, generator=gen) * (1 + torch.arange(B, dtype=torch.float32))[:, None, None, None]
         inputs = {"T": T}
         name = f"T {(B, H, L, d)}"
@@ -82,7 +83,7 @@ def _tm_judge(got, want, case):
 
 def _tw_cases(gen):
     cases = []
-    for B, H, L, d, per_seq in ((1, 1, 4, 4, False), (2, 2, 5, 3, False), (2, 3, 6, 4, True)):
+    for B, H, L, d, per_seq in ((2, 1, 4, 4, False), (2, 2, 5, 3, False), (2, 3, 6, 4, True)):     # B·H > 1
         q, k = torch.randn(B, H, L, d, generator=gen), torch.randn(B, H, L, d, generator=gen)
         T = torch.randn(B, H, 1 if per_seq else L, d, generator=gen).expand(B, H, L, d).contiguous() * 2
         cases.append(Case(f"q, k, T {(B, H, L, d)}" + (", one time per sequence" if per_seq else ""),
@@ -178,7 +179,7 @@ def _r1_judge(got, want, case):
 
 def _vf_cases(gen):
     cases = []
-    for B, F, N, C in ((2, 3, 4, 5), (1, 4, 6, 2), (3, 5, 5, 3)):
+    for B, F, N, C in ((2, 3, 4, 5), (2, 4, 6, 2), (3, 5, 5, 3)):            # B > 1: "(n b)" != "(b n)"
         x = torch.randn(B, F, N, C, generator=gen)
         cases.append(Case(f"frames (B, F, N, C) = {(B, F, N, C)}", {"x": x}))
     return cases

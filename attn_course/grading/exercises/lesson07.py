@@ -98,7 +98,8 @@ def _combine_judge(got, want, case):
 
 def _rope_cases(gen):
     cases = []
-    for shape, start in (((6, 8), 0), ((2, 3, 5, 16), 0), ((2, 4, 32), 7), ((1, 2, 3, 64), 100)):
+    # no case starts at position 0, where ignoring `positions` would give the right answer
+    for shape, start in (((6, 8), 3), ((2, 3, 5, 16), 1), ((2, 4, 32), 7), ((1, 2, 3, 64), 100)):
         x = torch.randn(*shape, generator=gen)
         cases.append(Case(f"x {shape}, positions {start}..{start + shape[-2] - 1}",
                           {"x": x, "positions": torch.arange(start, start + shape[-2])}))
@@ -140,7 +141,7 @@ _FACTORS = ("A_q", "B_q", "A_k", "B_k", "A_v", "B_v")
 
 def _which_cases(gen):
     cases = []
-    for Bs, L, H, (Rq, Rk, Rv), d, start in ((1, 4, 2, (3, 2, 2), 8, 0), (2, 5, 4, (6, 2, 2), 16, 3),
+    for Bs, L, H, (Rq, Rk, Rv), d, start in ((1, 4, 2, (3, 2, 2), 8, 2), (2, 5, 4, (6, 2, 2), 16, 3),     # start > 0
                                             (2, 3, 3, (2, 1, 3), 8, 10)):
         t = {}
         for name in _FACTORS:
@@ -203,7 +204,7 @@ def _which_judge(got, want, case):
 # ---- 07_cache_elements ----------------------------------------------------------------------------------
 
 def _cache_cases(gen):
-    shapes = [(1024, 12, 64, 2, 2, 1), (4096, 32, 128, 2, 1, 1), (100, 16, 64, 2, 3, 4)]
+    shapes = [(1024, 12, 64, 2, 2, 3), (4096, 32, 128, 2, 1, 3), (100, 16, 64, 2, 3, 4)]     # batch > 1 everywhere
     return [Case(f"seq_len={s}, H={H}, d_h={d}, R_k={rk}, R_v={rv}, batch={b}",
                  params=dict(seq_len=s, num_heads=H, head_dim=d, k_rank=rk, v_rank=rv, batch_size=b))
             for s, H, d, rk, rv, b in shapes]
@@ -263,10 +264,25 @@ def _attend(Q, K, V, *, causal=True, scale=True):
     return (s.softmax(-1) @ v).transpose(1, 2)                             # (B, L, H, d)
 
 
-def _seed_attend(Q, K, V):
-    """Seed 000: scores (B, L, H, d) @ (B, L, d, H) — heads attend to heads of the same token."""
+def _seed_attend(Q, K, V, *, causal=False):
+    """Seed 000: scores (B, L, H, d) @ (B, L, d, H) — heads attend to heads of the same token (with
+    ``causal``, the learner's added mask, H × H lower-triangular)."""
     q, k, v = (t.to(_F64) for t in (Q, K, V))
-    return (q @ k.transpose(2, 3) / math.sqrt(q.shape[-1])).softmax(-1) @ v
+    s = q @ k.transpose(2, 3) / math.sqrt(q.shape[-1])
+    if causal:
+        H = s.shape[-1]
+        s = s.masked_fill(~torch.ones(H, H, dtype=torch.bool).tril(), float("-inf"))
+    return s.softmax(-1) @ v
+
+
+def _reshaped_attend(Q, K, V, *, causal=True, scale=True):
+    """Heads moved with reshape (B, L, H, d) -> (B, H, L, d) instead of transpose, and back the same way."""
+    Bs, L, H, d = Q.shape
+    q, k, v = (t.to(_F64).reshape(Bs, H, L, d) for t in (Q, K, V))
+    s = q @ k.transpose(-2, -1) / (math.sqrt(d) if scale else 1.0)
+    if causal:
+        s = s.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    return (s.softmax(-1) @ v).reshape(Bs, L, H, d)
 
 
 def _fix_expected(case):
@@ -282,6 +298,15 @@ def _fix_judge(got, want, case):
         ("this is still the seed's computation: with Q in (B, L, H, d) layout, Q @ Kᵀ attends across the H "
          "heads of each token. Move the heads forward first (transpose(1, 2) -> (B, H, L, d)) so the scores "
          "are (B, H, L, L).", {"out": _seed_attend(Q, K, V)}),
+        ("a causal mask on the seed's scores does not fix them: Q @ Kᵀ in (B, L, H, d_h) layout gives (B, L, H, "
+         "H) scores between the HEADS of one token, and masking those hides heads, not future tokens. Move "
+         "the heads forward first (transpose(1, 2) -> (B, H, L, d_h)), then mask the (L, L) scores.",
+         {"out": _seed_attend(Q, K, V, causal=True)}),
+        ("reshape is not transpose: Q.reshape(B, H, L, d_h) cuts the (L, H) grid into new rows, mixing tokens "
+         "and heads. Use Q.transpose(1, 2) to move the head axis (and transpose back at the end).",
+         {"out": _reshaped_attend(Q, K, V)}),
+        ("reshape is not transpose: Q.reshape(B, H, L, d_h) mixes tokens and heads — use transpose(1, 2); "
+         "the 1/√d_h scale is missing too.", {"out": _reshaped_attend(Q, K, V, scale=False)}),
         ("the scores are over the sequence now, but without the causal mask: query i must not see keys j > i.",
          {"out": _attend(Q, K, V, causal=False)}),
         ("the 1/√d_h scale is missing.", {"out": _attend(Q, K, V, scale=False)}),

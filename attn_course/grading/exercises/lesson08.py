@@ -17,7 +17,12 @@ __all__ = ["EXERCISES"]
 
 _F64 = torch.float64
 _INF = float("inf")
-FORBID_SOFTMAX = ("torch.softmax", "torch.nn.functional.softmax", "torch.logsumexp", "torch.special.softmax")
+# the softmax family in every spelling: functions, Tensor methods, modules (their forward calls F.softmax)
+FORBID_SOFTMAX = ("torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax",
+                  "torch.log_softmax", "torch.nn.functional.log_softmax", "torch.special.log_softmax",
+                  "torch.logsumexp", "torch.special.logsumexp", "torch.Tensor.softmax", "torch.Tensor.log_softmax",
+                  "torch.Tensor.logsumexp", "torch.nn.Softmax", "torch.nn.LogSoftmax",
+                  "torch.nn.functional.softmin", "torch.nn.Softmin")
 
 
 def _same(got: torch.Tensor, cand: torch.Tensor) -> bool:
@@ -71,7 +76,8 @@ def _step_ref(m, l, acc, s, v, *, rescale_acc=True, rescale_l=True):
 
 def _step_cases(gen):
     out = []
-    for R, C, D, n, masked in [(3, 4, 2, 3, False), (4, 3, 5, 4, True), (2, 5, 3, 2, True), (5, 2, 4, 3, False)]:
+    # both bugs show on every case: later tiles score higher (the max rises) and a tile is fully masked
+    for R, C, D, n, masked in [(3, 4, 2, 3, True), (4, 3, 5, 4, True), (2, 5, 3, 2, True), (5, 2, 4, 3, True)]:
         inputs = {}
         for j in range(n):
             s = torch.randn(R, C, generator=gen, dtype=_F64) * 2 + j            # later tiles score higher
@@ -124,9 +130,12 @@ def _attn_ref(q, k, v, causal, *, scale=True):
 
 
 def _tiled_cases(gen):
+    # sizes chosen so that every tensor a tiled solution needs — the inputs' copies and the output
+    # (B·H·L·d), a tile of scores (B·H·block²), even a query-block × all-keys strip (B·H·block·L) — is
+    # smaller than one L × L score matrix, which the tiling guard (max_numel_fn) therefore rejects
     out = []
-    for B, H, L, d, block, causal in [(1, 2, 10, 4, 4, False), (2, 1, 13, 8, 5, True), (1, 3, 7, 2, 3, True),
-                                      (2, 2, 9, 4, 16, False)]:
+    for B, H, L, d, block, causal in [(1, 2, 24, 4, 6, False), (2, 1, 21, 4, 5, True), (1, 3, 20, 2, 4, True),
+                                      (1, 1, 17, 3, 12, False)]:
         out.append(Case(f"B={B}, H={H}, L={L}, d={d}, block={block}, causal={causal}",
                         {n: torch.randn(B, H, L, d, generator=gen, dtype=_F64) for n in "qkv"},
                         {"causal": causal, "block": block}))
@@ -157,6 +166,16 @@ def _tiled_judge(got, want, case):
             return Verdict(False, "the logsumexp must add the running max back: L = m + log ℓ (log ℓ alone "
                                   "is relative to m).")
         return Verdict(False, "the output is right but the logsumexp is not: return L = m + log ℓ per query row.")
+    if c:
+        strict = _attn_ref(i["q"], i["k"], i["v"], False)[2].masked_fill(
+            torch.ones(i["q"].shape[-2], i["k"].shape[-2], dtype=torch.bool).triu(0), -_INF)
+        w = torch.exp(strict - strict.amax(-1, keepdim=True))
+        hidden = (w / w.sum(-1, keepdim=True)) @ i["v"].to(_F64)          # row 0: NaN (it sees no key)
+        g = got["out"].double()
+        if bool(torch.allclose(torch.where(torch.isnan(hidden), g.nan_to_num(0.0), hidden), g.nan_to_num(0.0),
+                               atol=1e-4, rtol=1e-3)):
+            return Verdict(False, "the diagonal is hidden: query i may see key j ≤ i, itself included (mask j > i, "
+                                  "not j ≥ i) — with the diagonal hidden, query 0 sees no key at all.")
     if _has_nan(got):
         return Verdict(False, _NAN_HINT)
     nocausal = _attn_ref(i["q"], i["k"], i["v"], False)[0]
@@ -235,7 +254,9 @@ def _bwd_judge(got, want, case):
 
 def _tiles_cases(gen):
     return [Case(f"L={L}, block_q={bq}, block_k={bk}", params={"L": L, "block_q": bq, "block_k": bk})
-            for L, bq, bk in [(1024, 128, 128), (1000, 64, 64), (512, 128, 64), (300, 32, 128), (100, 7, 13)]]
+            # block_q != block_k everywhere (with equal blocks T(T+1)/2 is right), and on no case does a
+            # mistake below coincide with the answer or with another mistake (tests/test_exercises_08.py)
+            for L, bq, bk in [(1024, 128, 64), (1000, 64, 96), (512, 32, 128), (300, 32, 128), (100, 7, 11)]]
 
 
 def _tiles_answer(fn, case):
@@ -256,11 +277,16 @@ def _tiles_judge(got, want, case):
     if g == int(want["tiles"]):
         return Verdict(True)
     Tq, Tk = math.ceil(p["L"] / p["block_q"]), math.ceil(p["L"] / p["block_k"])
-    if g == Tq * Tk:
-        return Verdict(False, "that is every tile: causal attention skips the tiles entirely above the diagonal.")
+    triangle = "T(T+1)/2 holds only when block_q = block_k; count per query block the key tiles that start " \
+               "at or before its last query"
+    every = "that is every tile: causal attention skips the tiles entirely above the diagonal"
+    hints = []
     if g in (Tq * (Tq + 1) // 2, Tk * (Tk + 1) // 2):
-        return Verdict(False, "T(T+1)/2 holds only when block_q = block_k divides L; count per query block the "
-                              "key tiles that start at or before its last query.")
+        hints.append(triangle)
+    if g == Tq * Tk:
+        hints.append(every)
+    if hints:
+        return Verdict(False, " — or ".join(hints) + ".")
     return Verdict(False, f"expected the number of (query block, key tile) pairs with some visible key, got {g}.")
 
 
@@ -268,7 +294,8 @@ def _tiles_judge(got, want, case):
 
 def _io_cases(gen):
     return [Case(f"N={N}, d={d}, B_r={br}, B_c={bc}", params={"N": N, "d": d, "block_q": br, "block_k": bc})
-            for N, d, br, bc in [(4096, 64, 128, 64), (1000, 32, 64, 64), (512, 128, 16, 128), (100, 8, 30, 7)]]
+            for N, d, br, bc in [(4096, 64, 128, 64), (1000, 32, 64, 100), (512, 128, 16, 128), (100, 8, 30, 7)]]
+    # B_r != B_c everywhere: counting passes per key tile must differ from per query block
 
 
 def _io_answer(fn, case):
@@ -306,7 +333,8 @@ EXERCISES = [
     Exercise("08_tiled_forward", 3, "Tiled attention forward with the logsumexp",
              "a function tiled_attention(q, k, v, causal, block) -> (out, lse)",
              _tiled_cases, _tiled_answer, _tiled_expected, _tiled_judge,
-             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX),
+             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX,
+             max_numel_fn=lambda case: case.inputs["q"].shape[-2] * case.inputs["k"].shape[-2]),   # tile by tile
     Exercise("08_backward_from_lse", 3, "Backward from the output and the logsumexp",
              "a function attention_backward(q, k, v, out, lse, dout, causal) -> (dq, dk, dv)",
              _bwd_cases, _bwd_answer, _bwd_expected, _bwd_judge,

@@ -1,0 +1,191 @@
+"""Grading validity (issue 18): learner-style submissions written for this suite (tests/learner_cells.py),
+judged as a learner's notebook would be — by ``check()`` on the whole cell, and for three lessons by the
+real bulk grader, which must agree with ``check()`` exercise by exercise.
+
+Correct work in another style gets full marks (docstrings, comments and variables that name forbidden
+APIs, a cell-level comparison against SDPA); each misconception misses full marks with the hint that
+names it; a forbidden shortcut or an untiled "tiled" forward gets 0.
+"""
+import itertools
+import linecache
+import math
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from attn_course.grading import check
+from attn_course.grading import notebook as nbk
+from attn_course.grading.exercises import get, registry
+from attn_course.grading.guard import static_findings, static_violations
+from attn_course.grading.runner import Options, grade_batch
+from attn_course.grading.selfcheck import SELF_CHECK_SEED
+from attn_course.grading.spec import FORBID_COURSE, FORBID_SDPA
+from learner_cells import CELLS
+
+ROOT = Path(__file__).resolve().parents[1]
+_cells = itertools.count()
+
+
+def run_cell(source: str) -> dict:
+    """Execute ``source`` as a notebook cell: its text is in ``linecache`` under a name that is not a file
+    (as IPython does), in a namespace holding what the notebooks' setup cells define."""
+    name = f"<learner-cell-{next(_cells)}>"
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    ns = {"__name__": "__main__", "torch": torch, "math": math}
+    exec(compile(source, name, "exec"), ns)
+    return ns
+
+
+def check_cell(ex_id: str, source: str):
+    fn_name = CELLS[ex_id][0]
+    return check(ex_id, run_cell(source)[fn_name])
+
+
+def test_every_exercise_of_lessons_01_to_08_is_covered():
+    ids = {i for i in registry() if i[:2] in {f"0{n}" for n in range(1, 9)}}
+    assert set(CELLS) == ids
+    assert all(CELLS[i][2] for i in CELLS)
+
+
+@pytest.mark.parametrize("ex_id", sorted(CELLS))
+def test_correct_work_in_another_style_gets_full_marks(ex_id, capsys):
+    result = check_cell(ex_id, CELLS[ex_id][1])
+    out = capsys.readouterr().out
+    assert result.status == "checked" and result.passed, out
+    assert result.score == result.max_score == get(ex_id).points
+
+
+WRONG = [(ex_id, n) for ex_id in sorted(CELLS) for n in range(len(CELLS[ex_id][2]))]
+
+
+@pytest.mark.parametrize("ex_id, n", WRONG)
+def test_misconception_misses_full_marks_with_its_hint(ex_id, n, capsys):
+    source, hint = CELLS[ex_id][2][n]
+    result = check_cell(ex_id, source)
+    out = capsys.readouterr().out
+    assert result.score < result.max_score, out
+    if hint == "FORBIDDEN":
+        assert result.status == "forbidden" and result.score == 0, out
+        assert "which this exercise forbids" in out
+        return
+    failed = [c.message for c in result.cases if not c.ok]
+    assert failed and any(hint in m for m in failed), out
+
+
+@pytest.mark.parametrize("ex_id, n, hint", [
+    ("03_expand_kv", 0, ".repeat tiles the stack"),                 # no case with H_kv = 1 or G = 1
+    ("03_gqa_attention", 0, "seed 000's grouping"),                 # broadcast errors are named too
+    ("04_split_cross_attention", 0, "257"),                         # no case has 257 image tokens
+    ("08_causal_tiles", 0, "T(T+1)/2"),                             # no case with block_q = block_k
+    ("01_causal_padding_mask", 0, "off by one"),
+    ("08_tiled_forward", 1, "as large as the whole score matrix"),  # the tiling guard, on every case
+])
+def test_every_case_exercises_the_point(ex_id, n, hint, capsys):
+    result = check_cell(ex_id, CELLS[ex_id][2][n][0])
+    capsys.readouterr()
+    assert result.cases and not any(c.ok for c in result.cases) and result.score == 0
+    assert all(hint in c.message for c in result.cases), [c.message for c in result.cases]
+
+
+def test_sdpa_in_fixed_attention_is_caught_while_it_runs_and_named_statically_elsewhere(capsys):
+    """1.4: SDPA is runtime-only (the cell may compare with it); a call inside the function is caught."""
+    result = check_cell("01_fix_the_bug", CELLS["01_fix_the_bug"][2][1][0])
+    out = capsys.readouterr().out
+    assert result.status == "forbidden" and "(while it runs)" in out
+    result = check_cell("01_attention_by_hand", CELLS["01_attention_by_hand"][2][1][0])
+    out = capsys.readouterr().out
+    assert result.status == "forbidden" and "line 6: `F.scaled_dot_product_attention`" in out
+
+
+# ---- the static check: only real references count --------------------------------------------------------
+
+SDPA = "torch.nn.functional.scaled_dot_product_attention"
+
+
+@pytest.mark.parametrize("source", [
+    '"""Compare with F.scaled_dot_product_attention and nn.MultiheadAttention; uses softmax."""',
+    "x = 'scaled_dot_product_attention'  # scaled_dot_product_attention",
+    "logsumexp = m + l.log()\nsoftmax = None\nreturn_value = logsumexp",
+    "def scaled_dot_product_attention(q, k, v):\n    return q\ny = scaled_dot_product_attention(1, 2, 3)",
+    "F = my_module\ny = F.scaled_dot_product_attention(q)",             # the learner's own F
+    "import attn_course_notes\nfrom attention_utils import attention",
+    "def f(nn):\n    return nn.MultiheadAttention",                       # an argument named nn
+])
+def test_mentions_and_own_names_are_not_uses(source):
+    assert static_violations(source, FORBID_SDPA + FORBID_COURSE) == []
+
+
+@pytest.mark.parametrize("source, line, token, api", [
+    ("import torch.nn.functional as G\n\ny = G.scaled_dot_product_attention(q, k, v)", 3,
+     "G.scaled_dot_product_attention", SDPA),
+    ("from torch.nn import functional\ny = functional.scaled_dot_product_attention(q)", 2,
+     "functional.scaled_dot_product_attention", SDPA),
+    ("from torch.nn.functional import scaled_dot_product_attention as s", 1,
+     "from torch.nn.functional import scaled_dot_product_attention", SDPA),
+    ("y = torch.nn.functional.scaled_dot_product_attention(q)", 1,
+     "torch.nn.functional.scaled_dot_product_attention", SDPA),
+    ("f = getattr(torch.nn.functional, 'scaled_dot_product_attention')", 1,
+     "getattr(torch.nn.functional, 'scaled_dot_product_attention')", SDPA),
+    ("f = getattr(something, 'scaled_' 'dot_product_attention')", 1,
+     "getattr(something, 'scaled_' 'dot_product_attention')", SDPA),
+    ("m = __import__('attn_course')", 1, "__import__('attn_course')", "attn_course"),
+    ("import importlib\nm = importlib.import_module('attn_course.masks')", 2,
+     "importlib.import_module('attn_course.masks')", "attn_course"),
+    ("mod = torch.nn\nlayer = mod.MultiheadAttention(8, 2)", 2, "mod.MultiheadAttention",
+     "torch.nn.MultiheadAttention"),
+    ("y = __import__('torch').nn.functional.scaled_dot_product_attention(q)", 1,
+     "__import__('torch').nn.functional.scaled_dot_product_attention", SDPA),
+])
+def test_references_are_found_with_line_and_token(source, line, token, api):
+    found = static_findings(source, FORBID_SDPA + FORBID_COURSE)
+    assert [(f.line, f.token, f.api) for f in found] == [(line, token, api)]
+    assert str(found[0]).startswith(f"line {line}: `")
+
+
+# ---- the real grader agrees with check() -----------------------------------------------------------------
+
+def _submission(stem: str, which: str, path: Path) -> dict[str, str]:
+    """A released exercises notebook with this suite's cells (``which``: "correct" or "wrong", the first
+    misconception) in its exercise cells; returns {exercise id: cell source}."""
+    nb = nbformat.read(ROOT / "exercises" / f"{stem}.ipynb", as_version=4)
+    sources = {}
+    for cell in nb.cells:
+        gid = nbk.grade_id(cell)
+        if gid in CELLS:
+            cell.source = CELLS[gid][1] if which == "correct" else CELLS[gid][2][0][0]
+            sources[gid] = cell.source
+    nbformat.write(nb, str(path))
+    return sources
+
+
+def test_grader_agrees_with_check(tmp_path, capsys):
+    """One batch: for three lessons, a notebook of correct cells and one of misconceptions. Drawn with the
+    self-check's seed, the grader's cases equal check()'s, so the points must be equal exercise by exercise;
+    the correct notebooks get full marks (1.4's cell compares with SDPA), the others miss them everywhere."""
+    stems = {p.stem[:2]: p.stem for p in (ROOT / "solutions").glob("0[1-8]_*.ipynb")}
+    subs, expected = tmp_path / "subs", {}
+    subs.mkdir()
+    for lesson in ("01", "03", "08"):
+        for which in ("correct", "wrong"):
+            sources = _submission(stems[lesson], which, subs / f"{which}_{lesson}.ipynb")
+            expected[f"{which}_{lesson}"] = {i: check_cell(i, s) for i, s in sources.items()}
+    capsys.readouterr()
+    reports = grade_batch([subs], tmp_path / "out", Options(timeout=120, jobs=2, seed=SELF_CHECK_SEED),
+                          root=ROOT, progress=False)
+    for r in reports:
+        assert r["error"] is None, r["error"]
+        want = expected[r["student_id"]]
+        got = {i: e["points"] for i, e in r["exercises"].items()}
+        assert got == {i: c.score for i, c in want.items()}, (r["student_id"], r["exercises"])
+        if r["student_id"].startswith("correct"):
+            assert r["total"] == r["max_score"]
+        else:
+            assert all(e["points"] < e["max_points"] for e in r["exercises"].values()), r["exercises"]
+            hints = {i: " ".join(c["hint"] for c in e["cases"]) + " ".join(e["notes"])
+                     for i, e in r["exercises"].items()}
+            for i, text in hints.items():
+                hint = CELLS[i][2][0][1]
+                assert (hint in text) if hint != "FORBIDDEN" else ("which this exercise forbids" in text), (i, text)
