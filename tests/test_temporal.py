@@ -265,3 +265,27 @@ def test_period_explorer_logic():
     box = ex.widget()
     box.controls["period"].value = 2
     box.controls["sentence"].value = "we used the laptop"               # shown, not raised
+
+
+def test_period_model_with_batchwide_norm_reproduces_the_authors_norm():
+    """``PeriodModel(batchwide_norm=True)``: the weights equal a direct fp64 computation with ONE Frobenius
+    norm over the whole (B, H, L, d_h) time tensor, a sample's output depends on its batch mates, and
+    gradients reach every parameter (the lesson trains through it)."""
+    torch.manual_seed(0)
+    model = demo.PeriodModel(num_heads=2, batchwide_norm=True)
+    tokens, period, _ = demo.sample_batch(torch.Generator().manual_seed(0), 5)
+    logits, w = model(tokens, period, need_weights=True)
+    p = {n: t.detach().double() for n, t in model.named_parameters()}
+    x = p["emb.weight"][tokens]                                               # (B, L, d)
+    t = p["time_emb.weight"][period]                                          # (B, time_dim)
+    lin = lambda a, n: a @ p[f"attn.{n}.weight"].T + p[f"attn.{n}.bias"]
+    B, L, d = x.shape
+    q, k = (lin(x, n).view(B, L, 2, d // 2).transpose(1, 2) for n in ("q_proj", "k_proj"))
+    T = lin(t, "t_proj").view(B, 2, 1, d // 2).expand(B, 2, L, d // 2)
+    norm = torch.sqrt((T ** 2).sum())                                         # one norm for the batch
+    S = q @ (T.transpose(-2, -1) @ T / norm) @ k.transpose(-2, -1) / math.sqrt(d // 2)
+    torch.testing.assert_close(w.double(), torch.softmax(S, -1), atol=1e-5, rtol=1e-4)
+    alone, _ = model(tokens[:1], period[:1])
+    assert (alone[0] - logits[0]).abs().max() > 1e-4
+    logits.sum().backward()
+    assert all(prm.grad is not None and prm.grad.abs().sum() > 0 for prm in model.parameters())

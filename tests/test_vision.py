@@ -336,3 +336,17 @@ def test_cbam_view_switches_and_explorer():
     pick = box.children[0].children[0]
     pick.value = 5                                                # re-render without error
     assert pick.value == 5
+
+
+def test_train_target_finder_trains_the_model_it_is_given():
+    """``model=``: that very model is trained (same data stream as a fresh one); with its initial weights
+    equal to a fresh model's, training gives the same parameters as ``train_target_finder()``."""
+    torch.manual_seed(0)
+    given = demo.TargetFinder(attention=True)
+    before = {n: p.clone() for n, p in given.named_parameters()}
+    trained = demo.train_target_finder(model=given, steps=5, progress=False)
+    fresh = demo.train_target_finder(attention=True, steps=5, progress=False)
+    assert trained is given
+    assert any(not torch.equal(before[n], p) for n, p in trained.named_parameters())
+    for (n, p), q in zip(trained.named_parameters(), fresh.parameters()):
+        torch.testing.assert_close(p, q, msg=n)

@@ -55,19 +55,25 @@ class PeriodModel(nn.Module):
     ``forward(tokens (B, L), period (B,), need_weights=False) -> (logits (B, L, 12), weights or None)``:
     every token predicts the answer (trained with the label at every position, so every query has to find
     the gadget — no residual path lets a token answer from itself); the sentence's answer is
-    ``logits.mean(1).argmax(-1)``.
+    ``logits.mean(1).argmax(-1)``. ``batchwide_norm=True`` replaces the per-sample norm by the authors'
+    batch-wide one (:func:`batchwide_norm_weights`, explicit path): a reproduction of that pitfall.
     """
 
-    def __init__(self, d_model: int = 32, num_heads: int = 1, time_dim: int = 8):
+    def __init__(self, d_model: int = 32, num_heads: int = 1, time_dim: int = 8, batchwide_norm: bool = False):
         super().__init__()
         self.emb = nn.Embedding(len(VOCAB), d_model)
         self.time_emb = nn.Embedding(len(PERIODS), time_dim)        # one learned vector per period
         self.attn = TemporalAttention(d_model, num_heads, time_dim)
         self.head = nn.Linear(d_model, _N_GADGETS)
+        self.batchwide_norm = batchwide_norm                          # the authors' norm (a pitfall), for the lesson
 
     def forward(self, tokens: torch.Tensor, period: torch.Tensor, need_weights: bool = False):
         x = self.emb(tokens)                                          # (B, L, d)
         time = self.time_emb(period)[:, None, :]                      # (B, 1, time_dim): one time per sentence
+        if self.batchwide_norm:                                       # each sample's output depends on its batch
+            w = batchwide_norm_weights(self.attn, x, time)            # (B, H, L, L)
+            y = (w @ split_heads(self.attn.v_proj(x), self.attn.num_heads)).transpose(1, 2).flatten(2)
+            return self.head(self.attn.out_proj(y)), (w if need_weights else None)
         a, w = self.attn(x, time, need_weights=need_weights)
         return self.head(a), w                                          # (B, L, 12)
 
@@ -97,11 +103,11 @@ def accuracy(model: PeriodModel, n: int = 2000, *, use_time: bool = True, seed: 
     return (logits.mean(1).argmax(-1) == label).float().mean().item()
 
 
-@torch.no_grad()
 def batchwide_norm_weights(attn: TemporalAttention, x: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
     """Attention weights ``(B, H, L, L)`` as the authors' code computes them: T divided by the norm of the
     whole ``(B, H, L, d_h)`` time tensor (``time_layer.norm(2.0)``), so each sample depends on its batch.
-    A reproduction of the pitfall for the lesson; :class:`TemporalAttention` normalises per sample and head."""
+    A reproduction of the pitfall for the lesson (differentiable, so ``PeriodModel(batchwide_norm=True)`` can
+    be trained with it); :class:`TemporalAttention` normalises per sample and head."""
     q = split_heads(attn.q_proj(x), attn.num_heads)                                   # (B, H, L, d_h)
     k = split_heads(attn.k_proj(x), attn.num_heads)
     v = split_heads(attn.v_proj(x), attn.num_heads)

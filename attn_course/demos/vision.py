@@ -128,12 +128,17 @@ class TargetFinder(nn.Module):
 
 
 def train_target_finder(attention: bool = True, *, steps: int = 300, batch: int = 64, lr: float = 3e-2,
-                        seed: int = 0, progress: bool = True, device=None, **data) -> TargetFinder:
-    """Build a ``TargetFinder`` (parameters seeded with ``seed``) and train it on fresh batches with ``fit``."""
+                        seed: int = 0, progress: bool = True, device=None, model: TargetFinder | None = None,
+                        **data) -> TargetFinder:
+    """Build a ``TargetFinder`` (parameters seeded with ``seed``) and train it on fresh batches with ``fit``.
+
+    ``model``: train this (e.g. modified) model instead of a fresh one; the data stream is the same.
+    Returns the trained model on ``device`` (default CPU).
+    """
     torch.manual_seed(seed)
-    model = TargetFinder(attention).to(device or "cpu")
+    model = (TargetFinder(attention) if model is None else model).to(device or "cpu")
     fit(model, lambda g: make_batch(g, batch, **data), steps=steps, lr=lr, seed=seed, progress=progress,
-        desc="CBAM" if attention else "plain", loss_fn=F.cross_entropy)
+        desc="CBAM" if model.cbam is not None else "plain", loss_fn=F.cross_entropy)
     return model
 
 
