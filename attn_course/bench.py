@@ -3,7 +3,8 @@
 Every cell of the table is measured in a **fresh Python process**, so one method's allocator caches
 never flatter or penalise another's:
 
-* time: median of ``--repeats`` runs (after one warm-up run of the same size);
+* time: median of ``--repeats`` runs (default 7), after ``--warmup`` untimed runs of the same size
+  (default 1) and the memory run; on CUDA every run ends with ``torch.cuda.synchronize()``;
 * peak extra memory: on CPU the rise of the process's resident set size (RSS) during one run — after a
   warm-up run of the same size (so lazily loaded code and JIT-compiled kernels are not counted), the
   peak-RSS counter (``VmHWM``) is reset via ``/proc/self/clear_refs`` (Linux; ``ru_maxrss`` elsewhere)
@@ -15,13 +16,17 @@ never flatter or penalise another's:
 "naive" is the three-line textbook computation ``softmax(Q Kᵀ · scale) V`` (with the causal mask filled
 in place), which materialises the ``L × L`` scores and weights; "flash" is :func:`attn_course.flash_attention`
 (tiles ``--block`` × ``--block``); "sdpa" is ``torch.nn.functional.scaled_dot_product_attention``, which
-on CPU and CUDA dispatches to fused kernels that do not store the matrix either.
+on CPU and CUDA dispatches to fused kernels that do not store the matrix either (``--sdpa-backend``
+pins one of them with ``torch.nn.attention.sdpa_kernel``: flash, efficient, cudnn or math).
+
+Device and dtype: ``--device`` defaults to CUDA when available; ``--dtype`` defaults to float16 on CUDA
+(the FLASH backend has no fp32 kernel) and float32 on CPU.
 
 Run it on a quiet machine. On a busy one, OpenMP threads that spin-wait for each other stall every op,
 which hurts the tiled loop's many small ops most; ``OMP_WAIT_POLICY=PASSIVE attn-course bench …`` (or
 ``--threads 1``) is then fairer to all three methods, at some cost on a quiet machine.
 
-Usage: ``attn-course bench [--lengths 512 1024 ...] [--modes fwd fwd+bwd] [--causal both] [--repeats 3]``
+Usage: ``attn-course bench [--lengths 512 1024 ...] [--modes fwd fwd+bwd] [--causal both] [--repeats 7]``
 (also ``python -m attn_course.bench``). ``--check`` evaluates the course's CPU targets and exits 1 if one
 is missed.
 """
@@ -39,9 +44,10 @@ import time
 from pathlib import Path
 
 __all__ = ["main", "measure", "largest_tensor_created", "run_benchmark", "format_table", "check_targets",
-           "load_recorded", "RECORDED_CPU", "METHODS", "TARGETS"]
+           "load_recorded", "RECORDED_CPU", "METHODS", "TARGETS", "time_call", "default_device", "SDPA_BACKENDS"]
 
 METHODS = ("naive", "flash", "sdpa")
+SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")     # torch.nn.attention.SDPBackend members, by short name
 COLUMNS = ("mode", "causal", "L", "naive ms", "flash ms", "sdpa ms", "naive MiB", "flash MiB", "sdpa MiB",
            "flash/naive time", "flash/sdpa time", "flash/naive mem")
 
@@ -64,13 +70,53 @@ def _naive(q, k, v, is_causal):
     return torch.softmax(S, dim=-1) @ v                                    # (B, H, L, D)
 
 
-def _method(name: str, block: int):
+def _method(name: str, block: int, sdpa_backend: str | None = None):
     import torch.nn.functional as F
 
     from .flash import flash_attention
+
+    def sdpa(q, k, v, c):
+        if sdpa_backend is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=c)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                   "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[sdpa_backend]
+        with sdpa_kernel(backend):                   # RuntimeError if that kernel cannot run these inputs
+            return F.scaled_dot_product_attention(q, k, v, is_causal=c)
+
     return {"naive": _naive,
             "flash": lambda q, k, v, c: flash_attention(q, k, v, is_causal=c, block_q=block, block_k=block),
-            "sdpa": lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c)}[name]
+            "sdpa": sdpa}[name]
+
+
+def default_device() -> str:
+    """``"cuda"`` when a CUDA GPU is available, else ``"cpu"``."""
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def time_call(fn, *, repeats: int = 7, warmup: int = 1, device=None) -> dict:
+    """Wall-clock time of ``fn()``: ``warmup`` untimed calls, then ``repeats`` timed ones.
+
+    Returns ``{"times_s": [...], "time_s": median, "min_s": fastest}``. With a CUDA ``device`` the GPU is
+    synchronised before the clock starts and after every call (kernels run asynchronously). Report the
+    median, and compare methods by the ratio of medians measured in the same run.
+    """
+    import torch
+    if repeats <= 0 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    cuda = device is not None and torch.device(device).type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return {"times_s": times, "time_s": statistics.median(times), "min_s": min(times)}
 
 
 def largest_tensor_created(fn, *args, **kwargs) -> int:
@@ -124,26 +170,43 @@ def _peak_rss_bytes(reset_ok: bool) -> int:
 
 
 def measure(method: str, *, L: int, mode: str = "fwd", causal: bool = False, batch: int = 1, heads: int = 8,
-            dim: int = 64, block: int = 128, dtype: str = "float32", device: str = "cpu", repeats: int = 3,
-            threads: int = 0, seed: int = 0) -> dict:
-    """Measure one method in the *current* process: ``{"times_s": [...], "time_s": median, "mem_bytes": peak extra}``.
+            dim: int = 64, block: int = 128, dtype: str | None = None, device: str | None = None,
+            repeats: int = 7, warmup: int = 1, threads: int = 0, seed: int = 0,
+            sdpa_backend: str | None = None) -> dict:
+    """Measure one method in the *current* process.
 
-    Call it in a fresh process (as :func:`run_benchmark` does) for a meaningful memory figure.
+    Returns ``{"method", "L", "mode", "causal", "device", "dtype", "times_s": [...], "time_s": median,
+    "mem_bytes": peak extra}``. ``device`` defaults to :func:`default_device`; ``dtype`` to ``"float16"`` on
+    CUDA and ``"float32"`` on CPU. ``warmup`` untimed runs come first, then one run that measures memory
+    (CPU: RSS rise; CUDA: allocator peak above the inputs), then ``repeats`` timed runs (median reported).
+    ``sdpa_backend`` (one of :data:`SDPA_BACKENDS`) pins SDPA's kernel. Call it in a fresh process (as
+    :func:`run_benchmark` does) for a meaningful CPU memory figure.
     """
     import torch
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if sdpa_backend is not None and sdpa_backend not in SDPA_BACKENDS:
+        raise ValueError(f"sdpa_backend must be one of {SDPA_BACKENDS} or None, got {sdpa_backend!r}")
+    if repeats <= 0 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    device = default_device() if device is None else str(device)
+    if dtype is None:
+        dtype = "float16" if torch.device(device).type == "cuda" else "float32"
     previous_threads = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
-        return _measure(method, L, mode, causal, batch, heads, dim, block, dtype, device, repeats, seed)
+        return _measure(method, L, mode, causal, batch, heads, dim, block, dtype, device, repeats, warmup, seed,
+                        sdpa_backend)
     finally:
         torch.set_num_threads(previous_threads)
 
 
-def _measure(method, L, mode, causal, batch, heads, dim, block, dtype, device, repeats, seed) -> dict:
+def _measure(method, L, mode, causal, batch, heads, dim, block, dtype, device, repeats, warmup, seed,
+             sdpa_backend) -> dict:
     import torch
     torch.manual_seed(seed)
-    fn = _method(method, block)
+    fn = _method(method, block, sdpa_backend)
     dev, dt = torch.device(device), getattr(torch, dtype)
     backward = mode == "fwd+bwd"
     q, k, v = (torch.randn(batch, heads, L, dim, device=dev, dtype=dt, requires_grad=backward) for _ in range(3))
@@ -162,27 +225,24 @@ def _measure(method, L, mode, causal, batch, heads, dim, block, dtype, device, r
             torch.cuda.synchronize()
 
     if cuda:
-        run()                                                              # warm-up (kernels, cuBLAS handles)
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
+        for _ in range(max(1, warmup)):
+            run()                                                          # warm-up (kernels, cuBLAS handles)
+        torch.cuda.reset_peak_memory_stats(dev)
+        base = torch.cuda.memory_allocated(dev)
         run()
-        mem = torch.cuda.max_memory_allocated() - base
+        mem = torch.cuda.max_memory_allocated(dev) - base
     else:
         _mallopt_mmap_threshold(64 * 1024)                                 # every tensor block: own mmap
-        run()                                                              # warm-up: code pages, JIT kernels
+        for _ in range(max(1, warmup)):
+            run()                                                          # warm-up: code pages, JIT kernels
         reset_ok = _reset_peak_rss()
         base = _rss_bytes()
         run()
         mem = max(0, _peak_rss_bytes(reset_ok) - base)
         _mallopt_mmap_threshold(32 * 2**20)                                # timing: glibc's usual reuse
-        run()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    return {"method": method, "L": L, "mode": mode, "causal": causal, "times_s": times,
-            "time_s": statistics.median(times), "mem_bytes": int(mem)}
+    timing = time_call(run, repeats=repeats, warmup=0 if cuda else 1)      # CPU: one run at the usual malloc
+    return {"method": method, "L": L, "mode": mode, "causal": causal, "device": str(dev), "dtype": dtype,
+            "times_s": timing["times_s"], "time_s": timing["time_s"], "mem_bytes": int(mem)}
 
 
 def _measure_in_subprocess(method: str, timeout: float, **kw) -> dict:
@@ -201,7 +261,8 @@ def run_benchmark(*, lengths=(512, 1024, 2048, 4096, 8192), modes=("fwd", "fwd+b
                   methods=METHODS, timeout: float = 600.0, progress=None, **kw) -> list[dict]:
     """One table row per (mode, causal, L), each cell measured in its own fresh process.
 
-    ``kw`` goes to :func:`measure` (batch, heads, dim, block, dtype, device, repeats, threads).
+    ``kw`` goes to :func:`measure` (batch, heads, dim, block, dtype, device, repeats, warmup, threads,
+    sdpa_backend).
     ``progress(msg)`` is called before each measurement when given.
     """
     rows = []
@@ -287,9 +348,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--block", type=int, default=128, help="flash tile size (block_q = block_k)")
-    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
+                   help="default: float16 on CUDA, float32 on CPU")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per cell (the median is reported)")
+    p.add_argument("--repeats", type=int, default=7, help="timed runs per cell (the median is reported)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs per cell before measuring")
+    p.add_argument("--sdpa-backend", choices=SDPA_BACKENDS, default=None,
+                   help="pin SDPA's kernel with torch.nn.attention.sdpa_kernel (default: let SDPA choose)")
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads in each worker (0: default)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per measurement")
     p.add_argument("--json", metavar="PATH", help="also write the raw measurements as JSON")
@@ -307,17 +372,22 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("batch", "heads", "dim", "block", "repeats"):
         if getattr(args, name) <= 0:
             raise SystemExit(f"attn-course bench: --{name} must be positive, got {getattr(args, name)}")
+    if args.warmup < 0:
+        raise SystemExit(f"attn-course bench: --warmup must be >= 0, got {args.warmup}")
     if args.device is None:
-        import torch
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+        args.device = default_device()
+    if args.dtype is None:
+        args.dtype = "float16" if args.device.startswith("cuda") else "float32"
     causal = {"no": (False,), "yes": (True,), "both": (False, True)}[args.causal]
     progress = None if args.quiet else (lambda msg: print(f"measuring {msg}", file=sys.stderr, flush=True))
     rows = run_benchmark(lengths=args.lengths, modes=args.modes, causal=causal, methods=args.methods,
                          timeout=args.timeout, progress=progress, batch=args.batch, heads=args.heads,
                          dim=args.dim, block=args.block, dtype=args.dtype, device=args.device,
-                         repeats=args.repeats, threads=args.threads)
-    print(f"B={args.batch} H={args.heads} D={args.dim} {args.dtype} {args.device} block={args.block}; "
-          f"time: median of {args.repeats}; memory: peak extra "
+                         repeats=args.repeats, warmup=args.warmup, threads=args.threads,
+                         sdpa_backend=args.sdpa_backend)
+    sdpa = f" sdpa backend={args.sdpa_backend}" if args.sdpa_backend else ""
+    print(f"B={args.batch} H={args.heads} D={args.dim} {args.dtype} {args.device} block={args.block}{sdpa}; "
+          f"time: median of {args.repeats} after {args.warmup} warm-up; memory: peak extra "
           f"({'allocator peak' if args.device.startswith('cuda') else 'RSS rise, fresh process'})")
     print(format_table(rows))
     if args.json:

@@ -50,8 +50,64 @@ def test_check_targets():
 @pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
 def test_measure_in_process(method, mode):
     r = bench.measure(method, L=48, mode=mode, causal=True, heads=2, dim=8, block=16, repeats=2)
-    assert set(r) == {"method", "L", "mode", "causal", "times_s", "time_s", "mem_bytes"}
+    assert set(r) == {"method", "L", "mode", "causal", "device", "dtype", "times_s", "time_s", "mem_bytes"}
     assert len(r["times_s"]) == 2 and r["time_s"] > 0 and r["mem_bytes"] >= 0
+
+
+def test_measure_defaults_follow_the_device(monkeypatch):
+    """No GPU here: the defaults resolve to CPU/fp32 with 7 repeats; with CUDA reported available they
+    resolve to cuda/fp16 (checked on the resolved arguments, since no kernel can run)."""
+    r = bench.measure("sdpa", L=32, heads=1, dim=8)
+    assert (r["device"], r["dtype"], len(r["times_s"])) == ("cpu", "float32", 7)
+    seen = {}
+    monkeypatch.setattr(bench, "_measure", lambda *a: seen.setdefault("args", a))
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    assert bench.default_device() == "cuda"
+    bench.measure("flash", L=32)
+    method, L, mode, causal, batch, heads, dim, block, dtype, device, repeats, warmup, seed, backend = seen["args"]
+    assert (device, dtype, repeats, warmup, backend) == ("cuda", "float16", 7, 1, None)
+
+
+def test_measure_pins_sdpa_backends():
+    """MATH materialises the L×L weights, the fused CPU kernel does not; a wrong name is a ValueError."""
+    r = bench.measure("sdpa", L=64, heads=1, dim=8, repeats=1, sdpa_backend="math")
+    assert r["time_s"] > 0
+    import torch
+    q = torch.randn(1, 2, 256, 16)
+    fused = bench.largest_tensor_created(bench._method("sdpa", 128, "flash"), q, q, q, False)
+    math_ = bench.largest_tensor_created(bench._method("sdpa", 128, "math"), q, q, q, False)
+    assert math_ == 2 * 256 * 256 * 4 and fused < math_ / 8
+    with pytest.raises(ValueError, match="sdpa_backend must be one of"):
+        bench.measure("sdpa", L=16, sdpa_backend="fastest")
+    with pytest.raises(ValueError, match="method must be one of"):
+        bench.measure("xformers", L=16)
+    with pytest.raises(ValueError, match="repeats=0"):
+        bench.measure("naive", L=16, repeats=0)
+
+
+def test_time_call_warms_up_then_takes_the_median(monkeypatch):
+    calls = []
+    ticks = iter([0.0, 1.0, 1.0, 4.0, 4.0, 6.0])                  # durations 1, 3, 2
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(ticks))
+    r = bench.time_call(lambda: calls.append(1), repeats=3, warmup=2)
+    monkeypatch.undo()
+    assert len(calls) == 5 and r["times_s"] == [1.0, 3.0, 2.0] and r["time_s"] == 2.0 and r["min_s"] == 1.0
+    with pytest.raises(ValueError, match="repeats=0"):
+        bench.time_call(lambda: None, repeats=0)
+
+
+def test_cli_passes_repeats_warmup_and_backend(monkeypatch, capsys):
+    seen = {}
+
+    def fake(**kw):
+        seen.update(kw)
+        return []
+    monkeypatch.setattr(bench, "run_benchmark", fake)
+    assert bench.main(["--lengths", "64", "--device", "cpu", "--quiet", "--sdpa-backend", "math"]) == 0
+    assert (seen["repeats"], seen["warmup"], seen["sdpa_backend"], seen["dtype"]) == (7, 1, "math", "float32")
+    assert "median of 7 after 1 warm-up" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--warmup must be >= 0"):
+        bench.main(["--warmup", "-1"])
 
 
 def test_main_end_to_end_measures_quadratic_memory_of_naive(tmp_path, capsys):

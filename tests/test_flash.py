@@ -269,18 +269,90 @@ def test_tiled_io_closed_form(N, d, bq, bk):
     assert io.writes == N * d + N
 
 
-def test_tiled_io_follows_n2d2_over_m_and_causal_halves():
+def test_fa1_order_closed_form():
+    """Dao et al. 2022, Algorithm 1: O, ℓ, m initialised in HBM; K, V read once; Q_i, O_i, ℓ_i, m_i read and
+    O_i, ℓ_i, m_i written once per (K/V block, query block)."""
+    for N, d, bq, bk in [(100, 8, 30, 7), (64, 4, 16, 16), (1000, 32, 64, 128)]:
+        io = iosim.tiled_io(N, d, block_q=bq, block_k=bk, order="fa1")
+        Tc = math.ceil(N / bk)
+        assert io.reads == 2 * N * d + Tc * (2 * N * d + 2 * N)
+        assert io.writes == N * d + 2 * N + Tc * (N * d + 2 * N)
+
+
+def test_backward_closed_forms():
+    N, d = 100, 8
+    # Algorithm 3: P, dP, dS are N×N; P read three times (steps 1, 3), dP once, dS twice
+    assert iosim.naive_backward_io(N, d) == iosim.IOCount(reads=5 * N * N + 5 * N * d, writes=2 * N * N + 3 * N * d)
+    for N, d, bq, bk in [(100, 8, 30, 7), (1000, 32, 64, 128)]:
+        io = iosim.tiled_backward_io(N, d, block_q=bq, block_k=bk)
+        Tc = math.ceil(N / bk)
+        assert io.reads == 4 * N * d + Tc * (4 * N * d + 2 * N)
+        assert io.writes == N + 3 * N * d + Tc * N * d
+
+
+def _visible_tiles(N, bq, bk):
+    """(query block start, query block end, key block start, key block end) of every tile a causal mask
+    does not empty, found by brute force on the element mask."""
+    mask = torch.ones(N, N, dtype=torch.bool).tril()
+    return [(q0, min(q0 + bq, N), k0, min(k0 + bk, N)) for q0 in range(0, N, bq) for k0 in range(0, N, bk)
+            if mask[q0:q0 + bq, k0:k0 + bk].any()]
+
+
+@pytest.mark.parametrize("N,d,bq,bk", [(100, 8, 30, 7), (97, 4, 16, 32), (256, 16, 64, 64)])
+def test_causal_counts_visit_only_nonempty_tiles(N, d, bq, bk):
+    tiles = _visible_tiles(N, bq, bk)
+    fa2 = iosim.tiled_io(N, d, block_q=bq, block_k=bk, is_causal=True, order="fa2")
+    assert fa2.reads == N * d + sum(2 * (k1 - k0) * d for _, _, k0, k1 in tiles)
+    assert fa2.writes == N * d + N
+    fa1 = iosim.tiled_io(N, d, block_q=bq, block_k=bk, is_causal=True, order="fa1")
+    assert fa1.reads == 2 * N * d + sum((2 * d + 2) * (q1 - q0) for q0, q1, _, _ in tiles)
+    assert fa1.writes == N * d + 2 * N + sum((d + 2) * (q1 - q0) for q0, q1, _, _ in tiles)
+    bwd = iosim.tiled_backward_io(N, d, block_q=bq, block_k=bk, is_causal=True)
+    assert bwd.reads == 4 * N * d + sum((4 * d + 2) * (q1 - q0) for q0, q1, _, _ in tiles)
+    assert bwd.writes == N + 3 * N * d + sum(d * (q1 - q0) for q0, q1, _, _ in tiles)
+
+
+def test_blocks_for_sram_follow_the_papers_and_fit():
+    d = 64
+    assert iosim.blocks_for_sram(2**16, d) == (64, 256)                   # FA1: B_c = ⌈M/4d⌉, B_r = min(B_c, d)
+    assert iosim.blocks_for_sram(2**16, d, order="fa2") == (256, 64)      # FA2 order: the outer query block grows
+    assert iosim.blocks_for_sram(1000, d) == (4, 4)                        # ⌈1000/256⌉ = 4
+    for M in (2**e for e in range(8, 23)):                                 # M >= 4d: one row of Q, K, V, O fits
+        for order in iosim.ORDERS:
+            bq, bk = iosim.blocks_for_sram(M, d, order)
+            assert iosim.sram_elements(bq, bk, d) <= 1.25 * M + 2 * bq + 2 * d + 1
+
+
+def test_both_orders_follow_n2d2_over_m_between_d_and_nd_and_the_mix_plateaus():
+    """Theorem 2's Θ(N²d²/M) for d ≤ M ≤ Nd: with each paper's blocks the count over N²d²/M stays within
+    a constant factor on [4d, Nd]; beyond Nd it floors at reading the inputs once. FA2's loop order with
+    FA1's capped query block stops falling at M = 4d² (the artefact of an earlier version of the lesson)."""
+    N, d = 1024, 16
+    law = lambda M: N * N * d * d / M                                       # noqa: E731
+    Ms = [2**e for e in range(8, 15)]                                       # 16d = 2^8 ... Nd = 2^14
+    for order in iosim.ORDERS:
+        r = []
+        for M in Ms:
+            bq, bk = iosim.blocks_for_sram(M, d, order)
+            r.append(iosim.tiled_io(N, d, block_q=bq, block_k=bk, order=order).total / law(M))
+        assert max(r) / min(r) < 1.3, (order, r)
+        bq, bk = iosim.blocks_for_sram(64 * N * d, d, order)                # far beyond Nd: one block
+        assert iosim.tiled_io(N, d, block_q=bq, block_k=bk, order=order).total < 8 * N * d
+    mixed = []
+    for M in (4 * d * d, 16 * d * d):
+        bq, bk = iosim.blocks_for_sram(M, d, "fa1")                         # capped B_r used as FA2's outer block
+        mixed.append(iosim.tiled_io(N, d, block_q=bq, block_k=bk, order="fa2").total)
+    assert mixed[0] == mixed[1]                                             # 4x the SRAM, not one element less
+
+
+def test_tiled_beats_naive_forward_and_backward_and_causal_halves():
     N, d = 4096, 64
-    ratios = []
-    for M in (2**12, 2**13, 2**14):                          # B_r = ⌈M/4d⌉ < d: the Θ(N²d²/M) regime
-        br, bc = iosim.blocks_for_sram(M, d)
-        assert iosim.sram_elements(br, bc, d) <= 2 * M
-        ratios.append(iosim.tiled_io(N, d, block_q=br, block_k=bc).total / (N * N * d * d / M))
-    assert max(ratios) / min(ratios) < 1.05
     full = iosim.tiled_io(N, d, block_q=128, block_k=128).reads
     causal = iosim.tiled_io(N, d, block_q=128, block_k=128, is_causal=True).reads
     assert 0.5 < causal / full < 0.55
     assert iosim.tiled_io(N, d, block_q=128, block_k=128).total < iosim.naive_io(N, d).total
+    bq, bk = iosim.blocks_for_sram(2**16, d)                                # backward: outer loop over K/V, FA1's blocks
+    assert iosim.tiled_backward_io(N, d, block_q=bq, block_k=bk).total < iosim.naive_backward_io(N, d).total / 4
 
 
 def test_iosim_value_errors():
@@ -288,6 +360,10 @@ def test_iosim_value_errors():
         iosim.tiled_io(10, 4, block_q=0, block_k=4)
     with pytest.raises(ValueError, match="M must be a positive integer"):
         iosim.blocks_for_sram(-1, 64)
+    with pytest.raises(ValueError, match="order must be one of"):
+        iosim.tiled_io(10, 4, block_q=2, block_k=2, order="fa3")
+    with pytest.raises(ValueError, match="block_k must be a positive integer"):
+        iosim.tiled_backward_io(10, 4, block_q=2, block_k=0)
 
 
 # ---- tile explorer (attn_course.widgets.flash) ----
