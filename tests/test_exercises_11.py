@@ -203,7 +203,7 @@ def test_block_params_reference_and_counting_the_module_pass():
     (lambda D, H, K, F: block_params(D, H, K, F) - D * F, "three matrices"),
     (lambda D, H, K, F: block_params(D, H, K, F) - 2 * (D // H) + 2 * D, "not d_model"),
     (lambda D, H, K, F: block_params(D, H, K, F) - 2 * (D // H) + 2 * D, "over head_dim"),
-    (lambda D, H, K, F: block_params(D, H, K, F) + 2 * (H - 1) * (D // H), "shared by all heads"),
+    (lambda D, H, K, F: block_params(D, H, K, F) + 2 * (H - 1) * (D // H), "shared by all heads"),   # = 2·d_model
     (lambda D, H, K, F: block_params(D, H, K, F) - 2 * (D // H), "left out the QK-norm"),
     (lambda D, H, K, F: block_params(D, H, K, F) - 2 * D, "norm1, norm2"),
 ])

@@ -5,6 +5,7 @@ on real English that every Python installation already holds — the docstrings 
   (no download). The exact text depends a little on the Python version; the lesson's assertions keep
   wide margins for that reason.
 * :class:`TinyLM`: ASCII bytes (vocabulary 128) -> embedding -> ``num_layers`` blocks -> RMSNorm -> logits.
+  ``post_norm=True`` arranges the same sub-layers the original way (norm after each residual add).
   ``position`` chooses how order enters: ``"rope"`` (inside every block), ``"learned"`` (a trained
   table added to the embeddings), ``"alibi"`` (a per-head linear bias on the scores) or ``"none"``.
 * :func:`train_lm` trains one with the shared :func:`~attn_course.demos._train.fit` loop;
@@ -27,7 +28,7 @@ from ..positions import alibi_bias
 from ._train import fit
 
 __all__ = ["STDLIB_MODULES", "stdlib_text", "encode", "decode", "TextData", "TinyLM", "train_lm",
-           "loss_by_position", "head_scores", "post_norm_forward", "layer_grad_norms"]
+           "loss_by_position", "head_scores"]
 
 # Pure-Python modules with long, stable docstrings (present in every CPython 3.9+).
 STDLIB_MODULES = ("textwrap", "string", "json", "fractions", "statistics", "heapq", "bisect", "shlex",
@@ -106,13 +107,15 @@ class TinyLM(nn.Module):
     POSITIONS = ("rope", "learned", "alibi", "none")
 
     def __init__(self, d_model: int = 64, num_layers: int = 2, num_heads: int = 4, *, position: str = "rope",
-                 qk_norm: bool = False, max_len: int = 512):
+                 qk_norm: bool = False, post_norm: bool = False, max_len: int = 512):
         super().__init__()
         if position not in self.POSITIONS:
             raise ValueError(f"position must be one of {self.POSITIONS}, got {position!r}")
-        self.position, self.num_heads = position, num_heads
+        self.position, self.num_heads, self.post_norm = position, num_heads, post_norm
         self.embed = nn.Embedding(VOCAB, d_model)
         self.pos = nn.Embedding(max_len, d_model) if position == "learned" else None
+        if self.pos is not None:
+            nn.init.normal_(self.pos.weight, std=0.02)          # GPT-2's init: rows never trained stay small
         self.blocks = nn.ModuleList(TransformerBlock(d_model, num_heads, qk_norm=qk_norm, rope=position == "rope")
                                     for _ in range(num_layers))
         self.norm = RMSNorm(d_model)
@@ -129,10 +132,20 @@ class TinyLM(nn.Module):
             x = x + self.pos(torch.arange(idx.shape[1], device=idx.device))
         return x
 
+    def _layer(self, block: TransformerBlock, x: torch.Tensor, bias, need_weights: bool = False):
+        """One block, pre-norm (the block's own forward) or post-norm; returns (x, weights or None)."""
+        if self.post_norm:
+            out, w = block.attend(x, attn_mask=bias, need_weights=need_weights)
+            h = block.norm1(x + out)
+            return block.norm2(h + block.ffn(h)), w
+        out, w = block.attend(block.norm1(x), attn_mask=bias, need_weights=need_weights)
+        x = x + out
+        return x + block.ffn(block.norm2(x)), w
+
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x, bias = self._embed(idx), self._bias(idx.shape[1], idx.device)
         for block in self.blocks:
-            x = block(x, attn_mask=bias)
+            x = self._layer(block, x, bias)[0]
         return self.head(self.norm(x))
 
     @torch.no_grad()
@@ -140,10 +153,8 @@ class TinyLM(nn.Module):
         """Per layer, the attention weights ``(B, H, L, L)`` (explicit path) of the forward pass on ``idx``."""
         x, bias, maps = self._embed(idx), self._bias(idx.shape[1], idx.device), []
         for block in self.blocks:
-            out, w = block.attend(block.norm1(x), attn_mask=bias, need_weights=True)
+            x, w = self._layer(block, x, bias, need_weights=True)
             maps.append(w)
-            x = x + out
-            x = x + block.ffn(block.norm2(x))
         return maps
 
     @torch.no_grad()
@@ -153,16 +164,17 @@ class TinyLM(nn.Module):
         L = idx.shape[1]
         future = torch.ones(L, L, dtype=torch.bool, device=idx.device).triu(1)
         for block in self.blocks:
-            q, k, _ = block.qkv(block.norm1(x))
+            q, k, _ = block.qkv(x if self.post_norm else block.norm1(x))
             k = k.repeat_interleave(block.num_heads // block.num_kv_heads, dim=1)
             s = (q @ k.transpose(-2, -1)) / math.sqrt(block.head_dim)
             best = max(best, float(s.masked_fill(future, -math.inf).max()))
-            x = block(x, attn_mask=bias)
+            x = self._layer(block, x, bias)[0]
         return best
 
     @torch.no_grad()
-    def generate(self, prompt: str, n: int, *, temperature: float = 0.8, seed: int = 0, window: int = 128) -> str:
-        """Sample ``n`` characters after ``prompt`` (the last ``window`` characters as context)."""
+    def generate(self, prompt: str, n: int, *, temperature: float = 0.8, seed: int = 0, window: int = 64) -> str:
+        """Sample ``n`` characters after ``prompt`` (the last ``window`` characters as context: keep it
+        at the training length — beyond it RoPE's loss rises, see the lesson)."""
         gen = torch.Generator().manual_seed(seed)
         idx = encode(prompt)[None]
         for _ in range(n):
@@ -236,24 +248,3 @@ def head_scores(maps: list[torch.Tensor], idx: torch.Tensor) -> dict[str, torch.
     has = after.any(-1)                                                                  # (B, L) queries with a match
     ind = torch.stack([((w * after[:, None]).sum(-1) * has[:, None]).sum((0, 2)) / has.sum() for w in maps])
     return {"previous": prev, "first": first, "induction": ind}
-
-
-def post_norm_forward(block: TransformerBlock, x: torch.Tensor) -> torch.Tensor:
-    """The original (post-norm) arrangement with the same sub-layers: ``norm1(x + attn(x))``, then
-    ``norm2(h + ffn(h))`` (Vaswani et al. 2017; Xiong et al. 2020, Fig. 1(a))."""
-    h = block.norm1(x + block.attend(x)[0])
-    return block.norm2(h + block.ffn(h))
-
-
-def layer_grad_norms(*, post_norm: bool, num_layers: int = 8, d_model: int = 64, num_heads: int = 4,
-                     seq_len: int = 32, seed: int = 0) -> torch.Tensor:
-    """Gradient norm of each layer's FFN output matrix (w2) at initialisation, for a stack of
-    ``num_layers`` blocks on random inputs with a random linear read-out: ``(num_layers,)``."""
-    torch.manual_seed(seed)
-    blocks = nn.ModuleList(TransformerBlock(d_model, num_heads) for _ in range(num_layers))
-    x = torch.randn(8, seq_len, d_model)
-    for b in blocks:
-        x = post_norm_forward(b, x) if post_norm else b(x)
-    target = torch.randn_like(x)
-    ((x - target) ** 2).mean().backward()
-    return torch.stack([b.ffn.w2.weight.grad.norm() for b in blocks])

@@ -214,7 +214,7 @@ def _rms_judge(got, want, case):
 def _params(D, H, Hkv, F, *, kv="gqa", ffn=3, norms=2, qk="head"):
     dh = D // H
     kv_rows = Hkv * dh if kv == "gqa" else D
-    qkn = {"head": 2 * dh, "model": 2 * D, "per_head": 2 * H * dh, "none": 0}[qk]
+    qkn = {"head": 2 * dh, "model": 2 * D, "none": 0}[qk]
     return 2 * D * D + 2 * D * kv_rows + ffn * D * F + norms * D + qkn
 
 
@@ -242,10 +242,9 @@ def _params_judge(got, want, case):
     cands = [
         ("k_proj and v_proj map d_model to num_kv_heads·head_dim (GQA), not to d_model.", _params(*args, kv="full")),
         ("SwiGLU has three matrices (w1, w3: d_model→ffn_dim, w2: ffn_dim→d_model), not two.", _params(*args, ffn=2)),
-        ("QK-norm normalises over head_dim: q_norm and k_norm hold head_dim gains each (shared by the heads), "
-         "not d_model.", _params(*args, qk="model")),
-        ("q_norm and k_norm are one RMSNorm(head_dim) each, shared by all heads (timm's q_norm/k_norm).",
-         _params(*args, qk="per_head")),
+        ("QK-norm normalises over head_dim: q_norm and k_norm are one RMSNorm(head_dim) each, shared by all "
+         "heads (timm's q_norm/k_norm) — head_dim gains each, not d_model (= one gain per head and channel).",
+         _params(*args, qk="model")),
         ("you left out the QK-norm gains (2·head_dim).", _params(*args, qk="none")),
         ("you left out the two RMSNorm gains of the block (norm1, norm2: d_model each).", _params(*args, norms=0)),
     ]
