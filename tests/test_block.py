@@ -232,3 +232,18 @@ def test_value_errors_name_the_sizes():
         blk(torch.randn(5, 16))
     with pytest.raises(ValueError, match="does not broadcast"):
         blk(torch.randn(2, 5, 16), attn_mask=torch.ones(4, 4, dtype=torch.bool))
+
+
+def test_fully_masked_rows_give_zeros_not_nan_on_both_paths():
+    gen = torch.Generator().manual_seed(8)
+    blk = _randomise(TransformerBlock(16, 4), gen).eval()
+    x = torch.randn(2, 5, 16, generator=gen)
+    keep = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    keep[0, ..., :2] = False                   # with causality, queries 0 and 1 of sample 0 see no key
+    h = blk.norm1(x)
+    fast, _ = blk.attend(h, attn_mask=keep)
+    slow, w = blk.attend(h, attn_mask=keep, need_weights=True)
+    assert torch.isfinite(fast).all() and torch.isfinite(slow).all()
+    assert (fast[0, :2] == 0).all() and (w[0, :, :2] == 0).all()
+    assert_close(fast, slow, atol=1e-5, rtol=1e-4)
+    assert torch.isfinite(blk(x, attn_mask=keep)).all()
