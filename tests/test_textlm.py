@@ -72,3 +72,15 @@ def test_short_training_beats_the_unigram_baseline_and_records_logits():
     assert loss_by_position(m, data, 32, batches=2).mean().item() < unigram - 0.2
     assert [r[0] for r in rec] == [0, 20, 40] and all(r[1] > 0 and r[2] > 0 for r in rec)
     assert isinstance(m.generate("The ", 10), str)
+
+
+def test_word_start_score():
+    idx = encode("ab cde fghi").view(1, -1)                   # spaces at 2 and 6
+    L = idx.shape[1]
+    w = torch.zeros(1, 1, L, L)
+    for i in range(L):
+        sep = max([j for j in (2, 6) if j < i - 1], default=None)
+        w[0, 0, i, sep if sep is not None else 0] = 1.0
+    s = head_scores([w], idx)
+    assert s["word start"].item() == pytest.approx(1.0)
+    assert head_scores(_maps_for("previous", L), idx)["word start"].item() == pytest.approx(0.0)

@@ -225,14 +225,16 @@ def loss_by_position(model: TinyLM, data: TextData, seq_len: int, *, batches: in
 
 
 @torch.no_grad()
-def head_scores(maps: list[torch.Tensor], idx: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per (layer, head) scores in [0, 1] of three well-known patterns, averaged over queries i ≥ 1:
+def head_scores(maps: list[torch.Tensor], idx: torch.Tensor, separator: int = 32) -> dict[str, torch.Tensor]:
+    """Per (layer, head) scores in [0, 1] of four patterns, averaged over queries i ≥ 1:
 
     * ``previous``: weight on key i − 1 (a previous-token head);
     * ``first``: weight on key 0 (an "attention sink", Xiao et al. 2023);
     * ``induction``: weight on the keys j + 1 for which token j equals the current token i (and
       j + 1 < i − 1, so the previous token never counts) — "look at what followed this token last time" (Olsson et al. 2022), averaged over
-      the queries that have such an earlier occurrence.
+      the queries that have such an earlier occurrence;
+    * ``word start``: weight on the latest ``separator`` (ASCII space) before the previous token — the
+      start of the current word — averaged over the queries that have one.
 
     ``maps``: per layer ``(B, H, L, L)``; ``idx``: the tokens ``(B, L)``. Returns (layers, H) tensors.
     """
@@ -247,4 +249,11 @@ def head_scores(maps: list[torch.Tensor], idx: torch.Tensor) -> dict[str, torch.
     after &= (k[None, :] < k[:, None] - 1)[None]                # key k strictly before the previous token
     has = after.any(-1)                                                                  # (B, L) queries with a match
     ind = torch.stack([((w * after[:, None]).sum(-1) * has[:, None]).sum((0, 2)) / has.sum() for w in maps])
-    return {"previous": prev, "first": first, "induction": ind}
+    # word start: the latest space j < i - 1 before query i (so the previous token never counts)
+    is_sep = idx == separator                                                            # (B, L)
+    last = torch.where(is_sep, k[None, :], torch.full_like(idx, -1)).cummax(-1).values  # latest separator <= i
+    prev_sep = torch.cat([torch.full_like(last[:, :1], -1), last[:, :-1]], dim=-1)        # latest separator < i
+    ok = (prev_sep >= 0) & (prev_sep < k[None, :] - 1)                                   # (B, L)
+    word = torch.stack([(w.gather(-1, prev_sep.clamp_min(0)[:, None, :, None].expand(-1, w.shape[1], -1, 1))[..., 0]
+                         * ok[:, None]).sum((0, 2)) / ok.sum() for w in maps])
+    return {"previous": prev, "first": first, "induction": ind, "word start": word}
