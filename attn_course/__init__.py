@@ -23,6 +23,7 @@ _LAZY = {
     "TensorProductAttention": "tpa",
     "kv_cache_bytes": "memory",
     "flash_attention": "flash",
+    "TransformerBlock": "block",
     "RMSNorm": "norm",
 }
 _SUBMODULES = {"functional", "masks", "rope", "positions", "ring", "viz", "widgets", "grading", "demos", "memory", "bench"}
