@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["main", "measure", "largest_tensor_created", "run_benchmark", "format_table", "check_targets",
+__all__ = ["main", "measure", "largest_tensor_created", "median_time", "run_benchmark", "format_table", "check_targets",
            "load_recorded", "RECORDED_CPU", "METHODS", "TARGETS"]
 
 METHODS = ("naive", "flash", "sdpa")
@@ -95,6 +95,30 @@ def largest_tensor_created(fn, *args, **kwargs) -> int:
         if isinstance(out, torch.Tensor) and out.requires_grad:
             out.sum().backward()
     return Recorder.largest
+
+
+def median_time(fn, *args, repeats: int = 7, warmup: int = 1, device=None, **kwargs) -> float:
+    """Median wall-clock seconds of ``fn(*args, **kwargs)`` over ``repeats`` runs, after ``warmup``
+    untimed runs (lazy initialisation, allocator caches). On a CUDA ``device`` every run is followed by
+    ``torch.cuda.synchronize`` so the time includes the kernels, not just their launch."""
+    import torch
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    cuda = device is not None and torch.device(device).type == "cuda"
+
+    def run():
+        fn(*args, **kwargs)
+        if cuda:
+            torch.cuda.synchronize()
+
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def _rss_bytes() -> int:
