@@ -104,6 +104,13 @@ class StaticKVCache:
         self.length = end
         return self.k, self.v
 
+    def crop(self, length: int) -> None:
+        """Keep only the first ``length`` positions (e.g. to drop rejected speculative tokens, or to time
+        decode steps at a fixed context); the buffers stay allocated."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot crop a cache holding {self.length} positions to length={length}")
+        self.length = length
+
     def nbytes(self) -> int:
         """Bytes reserved by the two buffers (all ``max_len`` positions)."""
         return sum(t.numel() * t.element_size() for t in (self.k_buf, self.v_buf))

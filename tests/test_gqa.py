@@ -269,3 +269,16 @@ def test_static_cache_errors_name_sizes():
         c.update(torch.randn(3, 2, 1, 8), torch.randn(3, 2, 1, 8))
     with pytest.raises(ValueError, match="max_len"):
         StaticKVCache(2, 2, 0, 8)
+    with pytest.raises(ValueError, match="length=1"):
+        c.crop(1)                                                          # holds 0 positions
+
+
+def test_static_cache_crop_then_decode_equals_decoding_the_kept_prefix():
+    g = GroupedQueryAttention(16, 4, 2).eval()
+    x, other = torch.randn(2, 6, 16), torch.randn(2, 3, 16)
+    c = StaticKVCache(2, 2, 8, 4)
+    g(x[:, :3], cache=c, is_causal=True)
+    g(other, cache=c, is_causal=True)                                      # 3 tokens to be rejected
+    c.crop(3)
+    out, _ = g(x[:, 3:], cache=c, is_causal=True)
+    assert_close(out, g(x, is_causal=True)[0][:, 3:], atol=1e-5, rtol=1e-4)
