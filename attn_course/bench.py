@@ -44,7 +44,8 @@ import time
 from pathlib import Path
 
 __all__ = ["main", "measure", "largest_tensor_created", "run_benchmark", "format_table", "check_targets",
-           "load_recorded", "RECORDED_CPU", "METHODS", "TARGETS", "time_call", "default_device", "SDPA_BACKENDS"]
+           "load_recorded", "RECORDED_CPU", "METHODS", "TARGETS", "time_call", "median_time", "default_device",
+           "SDPA_BACKENDS"]
 
 METHODS = ("naive", "flash", "sdpa")
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")     # torch.nn.attention.SDPBackend members, by short name
@@ -132,6 +133,12 @@ def largest_tensor_created(fn, *args, **kwargs) -> int:
         if isinstance(out, torch.Tensor) and out.requires_grad:
             out.sum().backward()
     return watch.largest_bytes
+
+
+def median_time(fn, *args, repeats: int = 7, warmup: int = 1, device=None, **kwargs) -> float:
+    """Median wall-clock seconds of ``fn(*args, **kwargs)`` (see :func:`time_call`: warm-up runs first,
+    CUDA synchronised around every run)."""
+    return time_call(lambda: fn(*args, **kwargs), repeats=repeats, warmup=warmup, device=device)["time_s"]
 
 
 def _rss_bytes() -> int:

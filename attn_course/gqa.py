@@ -22,7 +22,7 @@ from torch import nn
 from . import _validate
 from .functional import _check, attention
 
-__all__ = ["GroupedQueryAttention", "KVCache"]
+__all__ = ["GroupedQueryAttention", "KVCache", "StaticKVCache"]
 
 
 @dataclass
@@ -53,6 +53,67 @@ class KVCache:
     def nbytes(self) -> int:
         """Bytes held by the cached tensors (K and V)."""
         return sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
+
+
+class StaticKVCache:
+    """A preallocated KV cache for ONE attention layer: ``max_len`` positions reserved up front.
+
+    ``k`` and ``v`` buffers are ``(B, H_kv, max_len, d_h)``; :meth:`update` writes the new tokens'
+    K/V into the next free slots (no new allocation, no copy of the old entries) and returns views of
+    the filled part ``(B, H_kv, L_cached, d_h)``. A drop-in replacement for :class:`KVCache` in
+    :meth:`GroupedQueryAttention.forward`. It holds ``max_len`` positions from the start, so
+    :meth:`nbytes` is the reserved size (what ``kv_cache_bytes`` gives for ``seq_len=max_len``).
+    """
+
+    def __init__(self, batch_size: int, num_kv_heads: int, max_len: int, head_dim: int, *,
+                 dtype: torch.dtype = torch.float32, device=None):
+        for name, value in (("batch_size", batch_size), ("num_kv_heads", num_kv_heads), ("max_len", max_len),
+                            ("head_dim", head_dim)):
+            _validate.positive_int(name, value)
+        shape = (batch_size, num_kv_heads, max_len, head_dim)
+        self.k_buf = torch.zeros(shape, dtype=dtype, device=device)
+        self.v_buf = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0
+
+    def __len__(self) -> int:
+        """Number of filled positions L_cached."""
+        return self.length
+
+    @property
+    def k(self) -> torch.Tensor:
+        return self.k_buf[:, :, :self.length]
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self.v_buf[:, :, :self.length]
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``k, v`` ``(B, H_kv, L_new, d_h)`` into slots ``L_cached … L_cached+L_new-1``; return the
+        filled K, V ``(B, H_kv, L_cached + L_new, d_h)`` (views of the buffers)."""
+        B, H_kv, max_len, d_h = self.k_buf.shape
+        if k.shape[:2] != (B, H_kv) or k.shape[-1] != d_h or v.shape != k.shape:
+            raise ValueError(f"cache holds (B, H_kv, max_len, d_h) = {tuple(self.k_buf.shape)}, cannot append keys "
+                             f"{tuple(k.shape)} and values {tuple(v.shape)}: batch size, kv heads and head_dim "
+                             f"must match")
+        end = self.length + k.shape[-2]
+        if end > max_len:
+            raise ValueError(f"cache of max_len={max_len} holds {self.length} positions, cannot append "
+                             f"{k.shape[-2]} more")
+        self.k_buf[:, :, self.length:end] = k
+        self.v_buf[:, :, self.length:end] = v
+        self.length = end
+        return self.k, self.v
+
+    def crop(self, length: int) -> None:
+        """Keep only the first ``length`` positions (e.g. to drop rejected speculative tokens, or to time
+        decode steps at a fixed context); the buffers stay allocated."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot crop a cache holding {self.length} positions to length={length}")
+        self.length = length
+
+    def nbytes(self) -> int:
+        """Bytes reserved by the two buffers (all ``max_len`` positions)."""
+        return sum(t.numel() * t.element_size() for t in (self.k_buf, self.v_buf))
 
 
 class GroupedQueryAttention(nn.Module):
@@ -114,7 +175,7 @@ class GroupedQueryAttention(nn.Module):
         return gqa
 
     def forward(self, x: torch.Tensor, *, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
-                need_weights: bool = False, cache: KVCache | None = None
+                need_weights: bool = False, cache: KVCache | StaticKVCache | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend ``x`` ``(B, L, d_model)`` to itself (and to the cached tokens, if ``cache`` is given).
 
@@ -126,7 +187,8 @@ class GroupedQueryAttention(nn.Module):
                 ``len(cache) … len(cache)+L-1``, so the mask is aligned bottom-right: new query i sees
                 every cached key and new keys 0..i.
             need_weights: also return the per-head weights ``(B, H, L, L_k)`` (explicit path).
-            cache: a :class:`KVCache`; this call's K/V are appended to it before attending.
+            cache: a :class:`KVCache` or :class:`StaticKVCache`; this call's K/V are appended to it
+                before attending.
 
         Returns:
             ``(out (B, L, d_model), weights or None)``.
@@ -150,7 +212,7 @@ class GroupedQueryAttention(nn.Module):
         if need_weights:   # explicit path: Eq. (1) of Vaswani et al. per head, kv head i // G for query head i
             y, weights = attention(q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=is_causal,
                                    enable_gqa=True)
-        else:              # fused kernel; SDPA's enable_gqa does the same grouping without copying K/V
+        else:              # fused kernel; SDPA's enable_gqa groups K/V (copying them except on CUDA's FLASH backend)
             _check(q, k, v, attn_mask, is_causal, enable_gqa=True)    # ValueErrors that name the sizes
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p,
                                                is_causal=is_causal, enable_gqa=True)

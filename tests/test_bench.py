@@ -144,3 +144,21 @@ def test_the_shipped_reference_run_is_complete_and_meets_the_cpu_targets():
         for m in bench.METHODS:
             assert r[m]["time_s"] > 0 and r[m]["mem_bytes"] >= 0, (r["mode"], r["causal"], r["L"], m)
     assert all(ok for _, _, ok in bench.check_targets(rows))
+
+
+def test_median_time_warms_up_counts_runs_and_takes_the_median():
+    import time as _time
+
+    from attn_course.bench import median_time
+    delays = iter([0.05, 0.0, 0.02, 0.01])               # warm-up run, then 3 timed runs (median 0.01)
+    calls = []
+
+    def fn(x, y=0):
+        calls.append((x, y))
+        _time.sleep(next(delays))
+
+    t = median_time(fn, 1, y=2, repeats=3, warmup=1)
+    assert calls == [(1, 2)] * 4                          # 1 warm-up + 3 timed, arguments passed through
+    assert 0.005 < t < 0.02                               # the median, not the slow warm-up or the max
+    with pytest.raises(ValueError, match="repeats"):
+        median_time(fn, repeats=0)

@@ -6,7 +6,7 @@ import torch
 from torch.testing import assert_close
 
 from attn_course import GroupedQueryAttention, MultiHeadAttention, kv_cache_bytes
-from attn_course.gqa import KVCache
+from attn_course.gqa import KVCache, StaticKVCache
 
 # (batch, num_heads, num_kv_heads): batch differs from the number of groups (seed 000's bug needs B == groups)
 CONFIGS = [(3, 8, 2), (1, 4, 4), (2, 4, 1), (5, 6, 3), (4, 4, 2)]
@@ -228,3 +228,57 @@ def test_tiny_model_decodes_with_cache_like_full_forward(num_kv_heads):
     assert_close(steps, full, atol=1e-5, rtol=1e-4)
     assert cache.nbytes() == kv_cache_bytes("gqa", seq_len=7, num_heads=4, head_dim=4, batch_size=3,
                                             num_kv_heads=num_kv_heads, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_static_cache_decodes_like_full_forward_and_like_the_growing_cache(need_weights):
+    g = GroupedQueryAttention(16, 4, 2).eval()
+    x = torch.randn(3, 9, 16)
+    full, _ = g(x, is_causal=True)
+    static, growing = StaticKVCache(3, 2, 12, 4), KVCache()
+    chunks = ((0, 4), (4, 5), (5, 9))                                    # prefill, one token, a chunk
+    out = [g(x[:, a:b], cache=static, is_causal=True, need_weights=need_weights)[0] for a, b in chunks]
+    ref = [g(x[:, a:b], cache=growing, is_causal=True)[0] for a, b in chunks]
+    assert_close(torch.cat(out, 1), full, atol=1e-5, rtol=1e-4)
+    assert_close(torch.cat(out, 1), torch.cat(ref, 1), atol=1e-6, rtol=1e-5)
+    assert len(static) == 9 and torch.equal(static.k, growing.k) and torch.equal(static.v, growing.v)
+    assert static.nbytes() == kv_cache_bytes("gqa", seq_len=12, num_heads=4, head_dim=4, batch_size=3,
+                                             num_kv_heads=2, dtype=torch.float32)
+
+
+def test_static_cache_writes_in_place_while_the_growing_cache_reallocates_every_step():
+    B, H_kv, d_h, T = 2, 2, 8, 16
+    static, growing = StaticKVCache(B, H_kv, T, d_h), KVCache()
+    new = torch.randn(B, H_kv, 1, d_h)
+    static_ptrs, growing_ptrs = set(), []
+    for _ in range(T):
+        static.update(new, new)
+        growing.update(new, new)
+        static_ptrs.add(static.k.untyped_storage().data_ptr())
+        growing_ptrs.append(growing.k.untyped_storage().data_ptr())
+    assert static_ptrs == {static.k_buf.untyped_storage().data_ptr()}            # one buffer, reused
+    assert all(a != b for a, b in zip(growing_ptrs[1:], growing_ptrs))           # torch.cat: a new tensor each step
+    assert torch.equal(static.k, growing.k)
+
+
+def test_static_cache_errors_name_sizes():
+    c = StaticKVCache(2, 2, 4, 8)
+    with pytest.raises(ValueError, match="max_len=4"):
+        c.update(torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8))
+    with pytest.raises(ValueError, match=r"\(2, 2, 4, 8\)"):
+        c.update(torch.randn(3, 2, 1, 8), torch.randn(3, 2, 1, 8))
+    with pytest.raises(ValueError, match="max_len"):
+        StaticKVCache(2, 2, 0, 8)
+    with pytest.raises(ValueError, match="length=1"):
+        c.crop(1)                                                          # holds 0 positions
+
+
+def test_static_cache_crop_then_decode_equals_decoding_the_kept_prefix():
+    g = GroupedQueryAttention(16, 4, 2).eval()
+    x, other = torch.randn(2, 6, 16), torch.randn(2, 3, 16)
+    c = StaticKVCache(2, 2, 8, 4)
+    g(x[:, :3], cache=c, is_causal=True)
+    g(other, cache=c, is_causal=True)                                      # 3 tokens to be rejected
+    c.crop(3)
+    out, _ = g(x[:, 3:], cache=c, is_causal=True)
+    assert_close(out, g(x, is_causal=True)[0][:, 3:], atol=1e-5, rtol=1e-4)

@@ -5,6 +5,11 @@ In each exercise cell every solution region (``### BEGIN SOLUTION`` … ``### EN
 cell and its ``check(...)`` cell lose their outputs and execution counts. Everything else (prose, figures,
 metadata, the nbgrader metadata of the exercise cells) is kept as it is. The JSON is written by
 ``nbformat`` and is therefore deterministic, so ``--check`` compares file contents exactly.
+
+It also stamps the Colab install source (:mod:`attn_course._colab`, the one place naming the repository
+and the ``v<version>`` tag) into the setup cell of every notebook in ``notebooks/``, ``solutions/`` and
+``exercises/``, and an "Open in Colab" badge for that notebook into its first markdown cell; ``--check``
+reports a notebook whose stamp is stale. The README's badge line (if it has one) is re-stamped too.
 """
 from __future__ import annotations
 
@@ -16,7 +21,11 @@ import nbformat
 
 from . import notebook as nbk
 
-__all__ = ["find_root", "release_notebook", "render", "release", "lint"]
+__all__ = ["find_root", "release_notebook", "stamp_notebook", "render", "release", "lint"]
+
+SETUP_MARKER = 'find_spec("attn_course")'
+README_BADGE_TARGET = "notebooks/01_scaled_dot_product_attention.ipynb"
+STAMPED_FOLDERS = ("notebooks", "solutions")    # stamped in place; exercises/ is stamped when generated
 
 
 def find_root(start: str | Path | None = None) -> Path:
@@ -48,6 +57,24 @@ def release_notebook(nb) -> nbformat.NotebookNode:
             if any(step[0] == "capture" and step[1] in ids for step in nbk.split_checks(nbk.source_of(cell))):
                 cell.outputs = []
                 cell.execution_count = None
+    return out
+
+
+def stamp_notebook(nb, path: str) -> nbformat.NotebookNode:
+    """A copy of ``nb`` with the Colab stamp for ``path`` (relative to the repository root): the setup
+    cell (the first code cell containing ``find_spec("attn_course")``) installs
+    :func:`attn_course._colab.install_spec`, and the first markdown cell carries
+    :func:`attn_course._colab.badge_markdown` for ``path``. A notebook without a setup cell is returned
+    unchanged (nothing there would install the package)."""
+    from .. import _colab
+    out = copy.deepcopy(nb)
+    setup = next((c for c in out.cells if c.cell_type == "code" and SETUP_MARKER in nbk.source_of(c)), None)
+    if setup is None:
+        return out
+    setup.source = _colab.stamp_setup_source(nbk.source_of(setup))
+    first_md = next((c for c in out.cells if c.cell_type == "markdown"), None)
+    if first_md is not None:
+        first_md.source = _colab.stamp_badge_source(nbk.source_of(first_md), path)
     return out
 
 
@@ -98,19 +125,36 @@ def lint(nb, name: str = "") -> list[str]:
 
 
 def release(root: str | Path | None = None, *, check: bool = False, stream=None) -> int:
-    """Regenerate ``exercises/`` (or, with ``check``, only compare). Returns the exit code: 1 when
-    ``check`` finds a stale, missing or orphaned exercises notebook, else 0. Authoring problems
+    """Stamp the Colab install source and badges (:func:`stamp_notebook`) and regenerate ``exercises/``
+    (or, with ``check``, only compare). Returns the exit code: 1 when ``check`` finds a stale, missing or
+    orphaned exercises notebook or a stale Colab stamp (notebooks/, solutions/, README), else 0. Authoring problems
     (see :func:`lint`) are printed as warnings."""
     stream = stream or sys.stdout
     root = Path(root) if root is not None else find_root()
     sol_dir, ex_dir = root / "solutions", root / "exercises"
     sources = sorted(sol_dir.glob("*.ipynb"))
     stale = []
+    for folder in STAMPED_FOLDERS:                                  # the Colab stamp, in place
+        for path in sorted((root / folder).glob("*.ipynb")):
+            text = render(stamp_notebook(nbk.read(path), f"{folder}/{path.name}"))
+            if path.read_text(encoding="utf-8") != text:
+                stale.append(path)
+                if not check:
+                    path.write_text(text, encoding="utf-8")
+    readme = root / "README.md"                                     # its badge opens lesson 01
+    if readme.exists():
+        from .. import _colab
+        current = readme.read_text(encoding="utf-8")
+        text = _colab.restamp_badges(current, README_BADGE_TARGET)
+        if text != current:
+            stale.append(readme)
+            if not check:
+                readme.write_text(text, encoding="utf-8")
     for path in sources:
-        nb = nbk.read(path)
+        nb = stamp_notebook(nbk.read(path), f"solutions/{path.name}")
         for problem in lint(nb, path.name):
             print(f"warning: {problem}", file=sys.stderr)
-        text = render(release_notebook(nb))
+        text = render(stamp_notebook(release_notebook(nb), f"exercises/{path.name}"))
         target = ex_dir / path.name
         current = target.read_text(encoding="utf-8") if target.exists() else None
         if current == text:
@@ -122,7 +166,8 @@ def release(root: str | Path | None = None, *, check: bool = False, stream=None)
     orphans = sorted(p for p in ex_dir.glob("*.ipynb") if not (sol_dir / p.name).exists()) if ex_dir.is_dir() else []
     if check:
         for p in stale:
-            print(f"stale: {p.relative_to(root)} (run `attn-course release`)", file=stream)
+            what = "exercises notebook" if p.parent == ex_dir else "Colab stamp"
+            print(f"stale: {p.relative_to(root)} ({what}; run `attn-course release`)", file=stream)
         for p in orphans:
             print(f"orphan: {p.relative_to(root)} has no solutions/{p.name}", file=stream)
         if not stale and not orphans:
@@ -131,5 +176,7 @@ def release(root: str | Path | None = None, *, check: bool = False, stream=None)
     for p in orphans:
         p.unlink()
         print(f"removed {p.relative_to(root)} (no solutions/{p.name})", file=stream)
-    print(f"released {len(sources)} notebooks into exercises/ ({len(stale)} changed)", file=stream)
+    stamped = sum(p.parent != ex_dir for p in stale)
+    print(f"released {len(sources)} notebooks into exercises/ ({len(stale) - stamped} changed); "
+          f"Colab stamp updated in {stamped} notebooks", file=stream)
     return 0

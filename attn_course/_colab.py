@@ -1,0 +1,70 @@
+"""Where Colab installs the course from: the ONE place that names the repository.
+
+Every notebook's setup cell installs ``attn_course`` with pip when it is missing (Colab), and each
+notebook's first markdown cell carries an "Open in Colab" badge. Both are stamped into the notebooks by
+``attn-course release`` from the values below (``attn-course release --check`` fails when a notebook
+carries a stale stamp), so publishing the repository elsewhere means changing ``REPOSITORY`` and
+re-running ``attn-course release``.
+
+The install is pinned to the git tag ``v<version>`` of the package version, so a lesson's committed
+outputs come from the same code Colab installs. Tag every release: ``git tag v0.1.0 && git push --tags``.
+"""
+from __future__ import annotations
+
+import re
+
+from . import __version__
+
+__all__ = ["REPOSITORY", "git_ref", "install_spec", "colab_url", "badge_markdown", "stamp_setup_source",
+           "stamp_badge_source", "restamp_badges", "BADGE_IMAGE"]
+
+# Change this line when the repository is published under another owner/name (GitHub "owner/name").
+REPOSITORY = "attn-course/attn_course"
+
+BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
+_BADGE_LINE = re.compile(r"^\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)[ \t]*$", re.MULTILINE)
+_INSTALL = re.compile(r'"git\+https://[^"]*"')
+
+
+def git_ref(version: str | None = None) -> str:
+    """The git tag the notebooks install from: ``v<version>`` (default: the package version)."""
+    return f"v{version or __version__}"
+
+
+def install_spec(version: str | None = None, repository: str | None = None) -> str:
+    """The pip requirement the setup cells install, e.g. ``git+https://github.com/o/r.git@v0.1.0``."""
+    return f"git+https://github.com/{repository or REPOSITORY}.git@{git_ref(version)}"
+
+
+def colab_url(path: str, version: str | None = None, repository: str | None = None) -> str:
+    """Colab's URL for ``path`` (relative to the repository root, e.g. ``notebooks/01_x.ipynb``) at the tag."""
+    return f"https://colab.research.google.com/github/{repository or REPOSITORY}/blob/{git_ref(version)}/{path}"
+
+
+def badge_markdown(path: str, version: str | None = None, repository: str | None = None) -> str:
+    """One markdown line: the "Open in Colab" badge linking to ``path`` at the tag."""
+    return f"[![Open In Colab]({BADGE_IMAGE})]({colab_url(path, version, repository)})"
+
+
+def stamp_setup_source(source: str, version: str | None = None, repository: str | None = None) -> str:
+    """``source`` of a setup cell with its quoted ``"git+https://…"`` install target replaced by
+    :func:`install_spec`. Raises ``ValueError`` if the cell names no such target."""
+    if not _INSTALL.search(source):
+        raise ValueError('the setup cell has no quoted "git+https://..." install target to stamp')
+    return _INSTALL.sub(lambda _: f'"{install_spec(version, repository)}"', source)
+
+
+def restamp_badges(text: str, path: str, version: str | None = None, repository: str | None = None) -> str:
+    """``text`` with every existing "Open in Colab" badge line replaced by the badge for ``path``
+    (no badge is added where there is none)."""
+    return _BADGE_LINE.sub(lambda _: badge_markdown(path, version, repository), text)
+
+
+def stamp_badge_source(source: str, path: str, version: str | None = None, repository: str | None = None) -> str:
+    """``source`` of a notebook's first markdown cell with the badge for ``path``: an existing badge
+    line is replaced; otherwise the badge goes on its own line after the title (the first line)."""
+    badge = badge_markdown(path, version, repository)
+    if _BADGE_LINE.search(source):
+        return _BADGE_LINE.sub(lambda _: badge, source, count=1)
+    title, sep, rest = source.partition("\n")
+    return f"{title}\n\n{badge}\n" + (f"\n{rest.lstrip(chr(10))}" if rest.strip() else "")

@@ -1,0 +1,108 @@
+"""The Colab install source is defined once (attn_course._colab) and `attn-course release` stamps it,
+pinned to the package version, into every setup cell and an "Open in Colab" badge into every notebook's
+first markdown cell; `release --check` fails on a stale stamp."""
+import json
+import re
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+import attn_course
+from attn_course import _colab
+from attn_course.grading.release import release, stamp_notebook
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = ("notebooks", "solutions", "exercises")
+SETUP = '''import importlib.util, subprocess, sys
+if importlib.util.find_spec("attn_course") is None:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                    "git+https://github.com/someone/old.git"], check=True)
+import torch'''
+
+
+def test_install_spec_and_badge_come_from_one_place_and_pin_the_version():
+    spec = _colab.install_spec()
+    assert spec == f"git+https://github.com/{_colab.REPOSITORY}.git@v{attn_course.__version__}"
+    badge = _colab.badge_markdown("notebooks/01_x.ipynb")
+    m = re.fullmatch(r"\[!\[Open In Colab\]\((\S+)\)\]\((\S+)\)", badge)
+    assert m and m.group(1) == _colab.BADGE_IMAGE
+    assert m.group(2) == (f"https://colab.research.google.com/github/{_colab.REPOSITORY}/blob/"
+                          f"v{attn_course.__version__}/notebooks/01_x.ipynb")
+    assert _colab.install_spec("9.9.9", "o/r") == "git+https://github.com/o/r.git@v9.9.9"
+
+
+def test_stamp_setup_source_replaces_the_target_and_refuses_a_cell_without_one():
+    out = _colab.stamp_setup_source(SETUP)
+    assert f'"{_colab.install_spec()}"' in out and "someone/old" not in out
+    assert out.replace(_colab.install_spec(), "X") == SETUP.replace("git+https://github.com/someone/old.git", "X")
+    assert _colab.stamp_setup_source(out) == out                       # idempotent
+    with pytest.raises(ValueError, match="install target"):
+        _colab.stamp_setup_source("import torch")
+
+
+def test_stamp_badge_source_inserts_once_after_the_title_and_replaces_a_stale_badge():
+    src = "# Lesson 09 — X\n\nIntro text."
+    once = _colab.stamp_badge_source(src, "notebooks/09_x.ipynb")
+    assert once == f"# Lesson 09 — X\n\n{_colab.badge_markdown('notebooks/09_x.ipynb')}\n\nIntro text."
+    assert _colab.stamp_badge_source(once, "notebooks/09_x.ipynb") == once
+    stale = once.replace(f"v{attn_course.__version__}", "v0.0.1")
+    assert stale != once and _colab.stamp_badge_source(stale, "notebooks/09_x.ipynb") == once
+    assert _colab.stamp_badge_source("# Title", "p.ipynb") == f"# Title\n\n{_colab.badge_markdown('p.ipynb')}\n"
+
+
+def _lesson(title):
+    return new_notebook(cells=[new_markdown_cell(f"# {title}\n\nText."), new_code_cell(SETUP),
+                               new_code_cell("print(1)")])
+
+
+def test_release_stamps_every_folder_and_check_detects_a_stale_stamp(tmp_path, capsys, monkeypatch):
+    for folder in ("notebooks", "solutions"):
+        (tmp_path / folder).mkdir()
+        nbformat.write(_lesson("Lesson 01"), str(tmp_path / folder / "01_a.ipynb"))
+    (tmp_path / "README.md").write_text(f"# Course\n\n{_colab.badge_markdown('elsewhere.ipynb', '0.0.1')}\n")
+    assert release(tmp_path, check=True) == 1
+    out = capsys.readouterr().out
+    assert "stale: notebooks/01_a.ipynb (Colab stamp" in out and "stale: README.md" in out
+    assert release(tmp_path) == 0 and release(tmp_path, check=True) == 0
+    for folder in ("notebooks", "solutions", "exercises"):
+        cells = nbformat.read(str(tmp_path / folder / "01_a.ipynb"), as_version=4).cells
+        assert f'"{_colab.install_spec()}"' in cells[1].source
+        assert _colab.badge_markdown(f"{folder}/01_a.ipynb") in cells[0].source
+        assert cells[2].source == "print(1)"
+    assert _colab.badge_markdown("notebooks/01_scaled_dot_product_attention.ipynb") in (tmp_path / "README.md").read_text()
+    # a notebook stamped for an older version, or the repository moved: --check fails until re-released
+    lesson = tmp_path / "notebooks" / "01_a.ipynb"
+    lesson.write_text(lesson.read_text().replace(f"@v{attn_course.__version__}", "@v0.0.1"))
+    assert release(tmp_path, check=True) == 1
+    assert "stale: notebooks/01_a.ipynb" in capsys.readouterr().out
+    assert release(tmp_path) == 0 and release(tmp_path, check=True) == 0
+    monkeypatch.setattr(_colab, "REPOSITORY", "published-owner/attn_course")
+    assert release(tmp_path, check=True) == 1
+    assert release(tmp_path) == 0
+    assert "published-owner/attn_course.git@v" in (tmp_path / "exercises" / "01_a.ipynb").read_text()
+
+
+def test_a_notebook_without_setup_cell_is_left_alone():
+    nb = new_notebook(cells=[new_markdown_cell("# T"), new_code_cell("x = 1")])
+    assert stamp_notebook(nb, "notebooks/t.ipynb") == nb
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_every_course_notebook_carries_the_current_stamp(folder):
+    paths = sorted((ROOT / folder).glob("*.ipynb"))
+    assert paths
+    for path in paths:
+        cells = json.loads(path.read_text())["cells"]
+        setup = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+        assert f'"{_colab.install_spec()}"' in setup[0], f"{path.name}: setup cell not stamped"
+        first_md = "".join(next(c for c in cells if c["cell_type"] == "markdown")["source"])
+        assert _colab.badge_markdown(f"{folder}/{path.name}") in first_md, f"{path.name}: no Colab badge"
+
+
+def test_readme_badge_and_which_line_to_change():
+    text = (ROOT / "README.md").read_text()
+    assert _colab.badge_markdown("notebooks/01_scaled_dot_product_attention.ipynb") in text
+    assert "attn_course/_colab.py" in text and "REPOSITORY" in text
