@@ -24,6 +24,7 @@ _LAZY = {
     "kv_cache_bytes": "memory",
     "flash_attention": "flash",
     "RMSNorm": "norm",
+    "MultiHeadLatentAttention": "mla",
 }
 _SUBMODULES = {"functional", "masks", "rope", "positions", "viz", "widgets", "grading", "demos", "memory", "bench"}
 
