@@ -22,23 +22,26 @@ __all__ = ["mla_factory", "KINDS", "SHOW", "COMPARE", "make_model", "train_and_m
            "cache_elements_per_token", "decode_step_flops"]
 
 
-def mla_factory(kv_lora_rank: int, qk_rope_head_dim: int, q_lora_rank: int | None = None
-                ) -> Callable[[int, int], MultiHeadLatentAttention]:
-    """``(d_model, H) -> MultiHeadLatentAttention`` with content and value heads of width d_model / H,
-    a d_c = ``kv_lora_rank`` latent and ``qk_rope_head_dim`` rope channels."""
+def mla_factory(kv_lora_rank: int, qk_rope_head_dim: int, qk_nope_head_dim: int | None = None,
+                q_lora_rank: int | None = None) -> Callable[[int, int], MultiHeadLatentAttention]:
+    """``(d_model, H) -> MultiHeadLatentAttention`` with a d_c = ``kv_lora_rank`` latent, values of width
+    d_h = d_model / H and ``qk_rope_head_dim`` rope channels. ``qk_nope_head_dim`` defaults to
+    d_h − d_R, so each head's query·key width d_nope + d_R equals MHA's d_h (a like-for-like comparison)."""
     def build(d_model: int, H: int) -> MultiHeadLatentAttention:
-        return MultiHeadLatentAttention(d_model, H, kv_lora_rank=kv_lora_rank, qk_nope_head_dim=d_model // H,
-                                        qk_rope_head_dim=qk_rope_head_dim, v_head_dim=d_model // H,
+        d_h = d_model // H
+        d_nope = d_h - qk_rope_head_dim if qk_nope_head_dim is None else qk_nope_head_dim
+        return MultiHeadLatentAttention(d_model, H, kv_lora_rank=kv_lora_rank, qk_nope_head_dim=d_nope,
+                                        qk_rope_head_dim=qk_rope_head_dim, v_head_dim=d_h,
                                         q_lora_rank=q_lora_rank)
     return build
 
 
-# name -> attention factory for (d_model, H): lesson 07's rows (MHA, GQA, MQA, TPA) plus MLA
+# name -> attention factory for (d_model, H): lesson 07's rows (MHA, GQA, MQA, TPA) plus MLA with the
+# same query·key width per head as MHA (d_nope + d_R = d_h)
 KINDS: dict[str, Callable[[int, int], nn.Module]] = {
     **{k: v for k, v in _BASE_KINDS.items() if k != "TPA (R=2,1,1)"},
     "MLA (d_c=8, d_R=2)": mla_factory(8, 2),
-    "MLA (d_c=16, d_R=4)": mla_factory(16, 4),
-    "MLA (d_c=32, d_R=4)": mla_factory(32, 4),
+    "MLA (d_c=16, d_R=2)": mla_factory(16, 2),
 }
 
 

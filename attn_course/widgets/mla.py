@@ -39,11 +39,13 @@ class LatentView:
 class LatentExplorer:
     """Train-on-demand explorer over ``kv_lora_rank`` (d_c) and ``qk_rope_head_dim`` (d_R)."""
 
-    def __init__(self, *, seed: int = 0, steps: int | None = None):
+    def __init__(self, *, seed: int = 0, steps: int | None = None, known: dict | None = None):
         from ..demos.mla import COMPARE
         self.sizes = dict(COMPARE, **({} if steps is None else {"steps": steps}))
         self.seed = seed
-        self._results: dict[str, tuple[float, float]] = {}        # label -> (accuracy, elements per token)
+        # label -> (accuracy, elements per token); ``known`` passes results already trained with the same
+        # sizes and seed (e.g. the lesson's comparison table), so they are not trained twice
+        self._results: dict[str, tuple[float, float]] = dict(known or {})
 
     def _train(self, label: str, kind) -> tuple[float, float]:
         if label not in self._results:
@@ -52,11 +54,14 @@ class LatentExplorer:
             self._results[label] = (acc, per_token)
         return self._results[label]
 
-    def compute(self, *, kv_lora_rank: int = 16, qk_rope_head_dim: int = 4) -> LatentView:
-        """Train (or recall) the tiny MLA with this (d_c, d_R) and the references; no drawing."""
+    def compute(self, *, kv_lora_rank: int = 16, qk_rope_head_dim: int = 2) -> LatentView:
+        """Train (or recall) the tiny MLA with this (d_c, d_R) and the references; no drawing.
+
+        Each head's content part is 2 wide (d_nope = 2), so its query·key width is 2 + d_R: d_R = 2
+        matches MHA's d_h = 4 on this task; larger d_R also widens the scores (as DeepSeek-V2's 128 + 64)."""
         from ..demos.mla import mla_factory
         label = f"MLA (d_c={kv_lora_rank}, d_R={qk_rope_head_dim})"
-        rows = {label: self._train(label, mla_factory(kv_lora_rank, qk_rope_head_dim))}
+        rows = {label: self._train(label, mla_factory(kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim=2))}
         rows.update({ref: self._train(ref, ref) for ref in REFERENCES})
         ds = kv_cache_bytes("mla", seq_len=1, num_heads=128, head_dim=128, kv_lora_rank=kv_lora_rank,
                             qk_rope_head_dim=qk_rope_head_dim, dtype=torch.float16)
@@ -92,7 +97,7 @@ class LatentExplorer:
 
         controls = {
             "kv_lora_rank": W.Dropdown(options=[2, 4, 8, 16, 32, 64], value=16, description="d_c"),
-            "qk_rope_head_dim": W.Dropdown(options=[2, 4, 8], value=4, description="d_R"),
+            "qk_rope_head_dim": W.Dropdown(options=[2, 4, 8], value=2, description="d_R"),
         }
         return interactive_figure(lambda **s: self.update(**s).figure, controls,
                                   title="MLA: latent rank and rope width vs cache and quality")
