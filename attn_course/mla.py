@@ -26,6 +26,12 @@ Parameter names and channel layout follow the DeepSeek checkpoints (and Hugging 
 ``kv_a_proj_with_mqa`` output ``[latent | k_rope]`` (= W^DKV and W^KR stacked); ``kv_a_layernorm``
 on the latent; ``kv_b_proj`` output per head ``[k_nope | v]`` (= W^UK and W^UV); ``o_proj`` = W^O.
 
+RoPE convention: DeepSeek's reference code rotates its rope channels as interleaved neighbour pairs
+(2i, 2i+1) (complex-number form), and Hugging Face's ``DeepseekV3Config.rope_interleave`` defaults to True
+for those checkpoints: load them with ``rope_interleaved=True``. The default ``rope_interleaved=False``
+pairs (i, i + d_R/2) (rotate_half), as HF does with ``rope_interleave=False``. Outputs agree with HF's
+``DeepseekV3Attention`` given the same state dict in either setting (``tests/test_mla.py``).
+
 Reference: DeepSeek-AI 2024, "DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts
 Language Model" (arXiv:2405.04434v5), §2.1.2–2.1.3, Eqs. (9)–(19), Table 1.
 """
