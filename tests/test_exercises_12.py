@@ -108,8 +108,16 @@ def rope_key_costs(num_heads, head_dim, kv_lora_rank, qk_rope_head_dim, *, width
     return shared, ph, shared / (width * head_dim), ph / (width * head_dim)
 
 
+def rope_key_costs_tensor(num_heads, head_dim, kv_lora_rank, qk_rope_head_dim):
+    """Another style: both designs as (latent, rope keys) counts, one tensor expression."""
+    counts = torch.tensor([[kv_lora_rank, 1], [kv_lora_rank, num_heads]], dtype=torch.float64)
+    per_token = counts @ torch.tensor([1.0, qk_rope_head_dim], dtype=torch.float64)
+    return torch.cat((per_token, per_token / (2 * head_dim)))
+
+
 def test_shared_rope_key_reference_and_deepseek_values():
     assert_all_pass("12_shared_rope_key", rope_key_costs)
+    assert_all_pass("12_shared_rope_key", rope_key_costs_tensor)
     assert rope_key_costs(128, 128, 512, 64) == (576, 8704, 2.25, 34.0)     # DeepSeek-V2: 2.25 groups (§2.1.3)
 
 
