@@ -25,6 +25,7 @@ _LAZY = {
     "flash_attention": "flash",
     "TransformerBlock": "block",
     "RMSNorm": "norm",
+    "MultiHeadLatentAttention": "mla",
 }
 _SUBMODULES = {"functional", "masks", "rope", "positions", "ring", "viz", "widgets", "grading", "demos", "memory", "bench"}
 

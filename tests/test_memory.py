@@ -48,8 +48,8 @@ def test_dtype_scales_bytes(dtype, size):
 
 def test_errors():
     kw = dict(seq_len=4, num_heads=8, head_dim=16)
-    with pytest.raises(ValueError, match="unknown mechanism 'mla'; expected one of mha, mqa, gqa, tpa"):
-        kv_cache_bytes("mla", **kw)
+    with pytest.raises(ValueError, match="unknown mechanism 'latent'; expected one of mha, mqa, gqa, tpa, mla"):
+        kv_cache_bytes("latent", **kw)
     with pytest.raises(ValueError, match="'gqa' needs num_kv_heads"):
         kv_cache_bytes("gqa", **kw)
     with pytest.raises(ValueError, match="num_heads=8 is not divisible by num_kv_heads=3"):

@@ -1,0 +1,104 @@
+"""Lesson 12 demos: MLA trained on lesson 07's "reverse after the separator" task beside MHA, GQA, MQA
+and TPA, and the cost of one decoding step with and without weight absorption.
+
+The task, the tiny model (:class:`~attn_course.demos.tpa.TinyLM`) and the two sizes (``SHOW``, easy;
+``COMPARE``, hard: n = 16 symbols, 8 heads of width 4, 100 steps) are lesson 07's, so the numbers can be
+read against lessons 03 and 07.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..gqa import KVCache
+from ..mla import MLACache, MultiHeadLatentAttention
+from ..tpa import TensorProductAttention, TPACache
+from ._train import fit, token_accuracy
+from .tpa import COMPARE, KINDS as _BASE_KINDS, SHOW, TinyLM, reverse_batch
+
+__all__ = ["mla_factory", "KINDS", "SHOW", "COMPARE", "make_model", "train_and_measure",
+           "cache_elements_per_token", "decode_step_flops"]
+
+
+def mla_factory(kv_lora_rank: int, qk_rope_head_dim: int, qk_nope_head_dim: int | None = None,
+                q_lora_rank: int | None = None) -> Callable[[int, int], MultiHeadLatentAttention]:
+    """``(d_model, H) -> MultiHeadLatentAttention`` with a d_c = ``kv_lora_rank`` latent, values of width
+    d_h = d_model / H and ``qk_rope_head_dim`` rope channels. ``qk_nope_head_dim`` defaults to
+    d_h − d_R, so each head's query·key width d_nope + d_R equals MHA's d_h (a like-for-like comparison)."""
+    def build(d_model: int, H: int) -> MultiHeadLatentAttention:
+        d_h = d_model // H
+        d_nope = d_h - qk_rope_head_dim if qk_nope_head_dim is None else qk_nope_head_dim
+        return MultiHeadLatentAttention(d_model, H, kv_lora_rank=kv_lora_rank, qk_nope_head_dim=d_nope,
+                                        qk_rope_head_dim=qk_rope_head_dim, v_head_dim=d_h,
+                                        q_lora_rank=q_lora_rank)
+    return build
+
+
+# name -> attention factory for (d_model, H): lesson 07's rows (MHA, GQA, MQA, TPA) plus MLA with the
+# same query·key width per head as MHA (d_nope + d_R = d_h)
+KINDS: dict[str, Callable[[int, int], nn.Module]] = {
+    **{k: v for k, v in _BASE_KINDS.items() if k != "TPA (R=2,1,1)"},
+    "MLA (d_c=8, d_R=2)": mla_factory(8, 2),
+    "MLA (d_c=16, d_R=2)": mla_factory(16, 2),
+}
+
+
+def make_model(kind: str | Callable[[int, int], nn.Module], *, n: int = 8, vocab: int = 10, d_model: int = 32,
+               num_heads: int = 4, seed: int = 0) -> TinyLM:
+    """A freshly initialised :class:`TinyLM` whose attention is ``KINDS[kind]`` (or the factory ``kind``)."""
+    factory = KINDS[kind] if isinstance(kind, str) else kind
+    torch.manual_seed(seed)
+    return TinyLM(factory(d_model, num_heads), d_model, vocab=vocab + 1, max_len=2 * n)
+
+
+def _new_cache(attn: nn.Module):
+    if isinstance(attn, MultiHeadLatentAttention):
+        return MLACache()
+    return TPACache() if isinstance(attn, TensorProductAttention) else KVCache()
+
+
+@torch.no_grad()
+def cache_elements_per_token(attn: nn.Module, h: torch.Tensor) -> float:
+    """Decode ``h (B, L, d_model)`` token by token with the module's own cache and return the elements
+    it holds per token: ``nbytes`` of the real cache tensors / (B · L · bytes per element)."""
+    cache = _new_cache(attn)
+    for t in range(h.shape[1]):
+        attn(h[:, t:t + 1], is_causal=True, cache=cache)
+    return cache.nbytes() / (h.shape[0] * h.shape[1] * h.element_size())
+
+
+def train_and_measure(kind: str | Callable[[int, int], nn.Module], *, steps: int = 150, n: int = 8,
+                      vocab: int = 10, d_model: int = 32, num_heads: int = 4, seed: int = 0,
+                      progress: bool = True):
+    """Train ``make_model(kind, ...)`` on lesson 07's ``reverse_batch`` for ``steps`` steps; return
+    ``(model, accuracy, cache elements per token)`` — the same protocol as lesson 07's
+    ``train_and_measure`` (AdamW, lr 1e-2, one-cycle; accuracy on 512 fresh sequences, another seed)."""
+    model = make_model(kind, n=n, vocab=vocab, d_model=d_model, num_heads=num_heads, seed=seed)
+    fit(model, lambda g: reverse_batch(g, n=n, vocab=vocab), steps=steps, lr=1e-2, seed=seed,
+        progress=progress, desc=kind if isinstance(kind, str) else "MLA")
+    x, y = reverse_batch(torch.Generator().manual_seed(seed + 1000), batch=512, n=n, vocab=vocab)
+    with torch.no_grad():
+        acc = token_accuracy(model(x), y)
+        per_token = cache_elements_per_token(model.attn, model.embed(x[:8]))
+    return model, acc, per_token
+
+
+def decode_step_flops(*, context: int, num_heads: int, kv_lora_rank: int, qk_nope_head_dim: int,
+                      qk_rope_head_dim: int, v_head_dim: int, absorb: bool, new_tokens: int = 1) -> int:
+    """FLOPs (2 per multiply-add) of the attention core of one MLA call: from the new tokens' queries and
+    the cached latents (``context`` tokens, the new ones included) to the per-head outputs, batch 1.
+
+    naive:    up-project every cached latent to per-head K_nope and V     2·S·d_c·H·(d_nope + d_v)
+              scores over d_nope + d_R, weighted sum of d_v-wide values   2·L·H·S·(d_nope + d_R + d_v)
+    absorbed: fold W^UK into the queries and W^UV into the outputs       2·L·H·d_c·(d_nope + d_v)
+              scores over d_c + d_R, weighted sum of d_c-wide latents     2·L·H·S·(2·d_c + d_R)
+
+    (S = context, L = new_tokens.) The projections of the new tokens (q, kv_a, o) are the same in both.
+    """
+    S, L, H = context, new_tokens, num_heads
+    dc, dn, dr, dv = kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim
+    if absorb:
+        return 2 * L * H * dc * (dn + dv) + 2 * L * H * S * (2 * dc + dr)
+    return 2 * S * dc * H * (dn + dv) + 2 * L * H * S * (dn + dr + dv)

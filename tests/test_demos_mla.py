@@ -1,0 +1,53 @@
+"""Lesson 12's demos: the trained comparison the lesson asserts (two seeds), the decode-step FLOP formulas
+against FlopCounterMode, and the latent explorer's logic."""
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from attn_course import MultiHeadLatentAttention
+from attn_course.demos.mla import COMPARE, decode_step_flops, train_and_measure
+from attn_course.mla import MLACache
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_mla_beats_gqa_mqa_tpa_on_the_hard_task_at_a_gqa_sized_cache(seed):
+    res = {k: train_and_measure(k, seed=seed, progress=False, **COMPARE)[1:]
+           for k in ("MLA (d_c=16, d_R=2)", "GQA (H_kv=2)", "MQA (H_kv=1)", "TPA (R=6,2,2)")}
+    acc = {k: a for k, (a, _) in res.items()}
+    assert res["MLA (d_c=16, d_R=2)"][1] == 18 and res["GQA (H_kv=2)"][1] == 16
+    assert acc["MLA (d_c=16, d_R=2)"] > 0.85
+    assert all(acc["MLA (d_c=16, d_R=2)"] > acc[k] + 0.15 for k in ("GQA (H_kv=2)", "MQA (H_kv=1)", "TPA (R=6,2,2)"))
+
+
+@pytest.mark.parametrize("absorb", [False, True])
+@pytest.mark.parametrize("new_tokens", [1, 3])
+def test_decode_step_flops_match_flop_counter(absorb, new_tokens):
+    torch.manual_seed(0)
+    dims = dict(kv_lora_rank=24, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6)
+    m = MultiHeadLatentAttention(32, 4, q_lora_rank=10, **dims)
+    cache = MLACache()
+    with torch.no_grad():
+        m(torch.randn(1, 20, 32), cache=cache)
+        with FlopCounterMode(display=False) as fc:
+            m(torch.randn(1, new_tokens, 32), is_causal=True, cache=cache, need_weights=True, absorb=absorb)
+    L = new_tokens
+    own = 2 * L * (32 * 10 + 10 * 4 * 12 + 32 * (24 + 4) + 4 * 6 * 32)    # q_a, q_b, kv_a, o projections
+    assert fc.get_total_flops() - own == decode_step_flops(context=20 + L, num_heads=4, absorb=absorb,
+                                                           new_tokens=L, **dims)
+
+
+def test_latent_explorer_compute_and_figure():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from attn_course.widgets.mla import LatentExplorer
+
+    known = {"MHA": (0.9, 64.0), "GQA (H_kv=2)": (0.6, 16.0), "MQA (H_kv=1)": (0.5, 8.0)}
+    ex = LatentExplorer(steps=5, known=known)
+    view = ex.update(kv_lora_rank=4, qk_rope_head_dim=8)           # trains only the MLA (5 steps)
+    assert view.per_token == {"MLA (d_c=4, d_R=8)": 12.0, "MHA": 64.0, "GQA (H_kv=2)": 16.0, "MQA (H_kv=1)": 8.0}
+    assert 0.0 <= view.accuracy["MLA (d_c=4, d_R=8)"] <= 1.0 and view.accuracy["MHA"] == 0.9
+    assert view.deepseek_groups == (4 + 8) / 256
+    plt.close(view.figure)
+    box = ex.widget()
+    assert set(box.controls) == {"kv_lora_rank", "qk_rope_head_dim"}
