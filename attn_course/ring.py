@@ -228,7 +228,8 @@ def _ring_forward(q, k, v, is_causal, layout, group):
             o, l = flash_attention_forward(q[..., qs, :], k_t[..., ks, :], v_t[..., ks, :], is_causal=diag)
             out[..., qs, :], lse[..., qs] = merge_partials(out[..., qs, :], lse[..., qs], o.to(acc), l.to(acc))
             n = (qs.stop - qs.start) * (ks.stop - ks.start)                     # per (batch, head)
-            n = n // 2 + (qs.stop - qs.start) // 2 if diag else n              # diagonal: c(c+1)/2
+            c = qs.stop - qs.start
+            n = c * (c + 1) // 2 if diag else n                                # diagonal block: c(c+1)/2
             _STATS.score_entries += n * math.prod(q.shape[:-2])
         if t < world - 1:
             _wait(reqs)
