@@ -24,6 +24,8 @@ _LAZY = {
     "kv_cache_bytes": "memory",
     "flash_attention": "flash",
     "RMSNorm": "norm",
+    "AdditiveAttention": "additive",
+    "linear_attention": "linear",
 }
 _SUBMODULES = {"functional", "masks", "rope", "positions", "viz", "widgets", "grading", "demos", "memory", "bench"}
 
