@@ -82,9 +82,11 @@ def _add_judge(got, want, case):
 
 # ---- 10_linear_by_hand --------------------------------------------------------------------------------
 
-class _Largest(TorchDispatchMode):
-    """Records the number of elements of the largest tensor any op creates."""
-
+# Records the number of elements of the largest tensor any op creates. Its hook runs *inside* the learner's
+# call (torch calls it for every op), and the runtime guard counts grading code called from outside the
+# grader as a use of the forbidden ``attn_course``; so the hook is compiled under a filename of its own.
+_LARGEST_SRC = """
+class Largest(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.largest = 0
@@ -95,6 +97,10 @@ class _Largest(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 self.largest = max(self.largest, t.numel())
         return out
+"""
+_ns = {"TorchDispatchMode": TorchDispatchMode, "torch": torch}
+exec(compile(_LARGEST_SRC, "<attn_course largest-tensor recorder>", "exec"), _ns)
+_Largest = _ns["Largest"]
 
 
 def _lin_cases(gen):
