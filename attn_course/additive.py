@@ -1,6 +1,6 @@
 """Additive (Bahdanau) attention: a small MLP scores every (query, key) pair.
 
-    score(q_i, k_j) = w_vᵀ tanh(W_q q_i + W_k k_j)                  Bahdanau et al. 2015, §3.1 Eqs. (5)–(6), App. A.1.2
+    score(q_i, k_j) = w_vᵀ tanh(W_q q_i + W_k k_j)       Bahdanau et al. 2015, §3.1 Eqs. (5)–(6), App. A.1.2
     weights = softmax_j(score),   out_i = Σ_j weights_ij v_j
 
 Unlike the dot product, the query and key sizes may differ (W_q and W_k map both to ``hidden_dim``).
