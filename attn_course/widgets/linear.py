@@ -127,7 +127,7 @@ class ScoringExplorer:
         ax1.axvline(L_cost, color="gray", ls=":")
         ax1.set_xlabel("sequence length L")
         ax1.set_ylabel(f"FLOPs, one head, E={self.E}")
-        ax1.set_title(f"at L={L_cost}: {view.flops / 1e9:.2f} GFLOP, largest tensor {view.largest:,} elements",
+        ax1.set_title(f"at L={L_cost}: {view.flops / 1e6:,.1f} MFLOP, largest tensor {view.largest:,} elements",
                       fontsize=9)
         ax1.legend(fontsize=7)
         fig.tight_layout()
