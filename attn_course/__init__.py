@@ -26,6 +26,8 @@ _LAZY = {
     "TransformerBlock": "block",
     "RMSNorm": "norm",
     "MultiHeadLatentAttention": "mla",
+    "AdditiveAttention": "additive",
+    "linear_attention": "linear",
 }
 _SUBMODULES = {"functional", "masks", "rope", "positions", "ring", "viz", "widgets", "grading", "demos", "memory", "bench"}
 

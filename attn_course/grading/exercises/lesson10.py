@@ -1,0 +1,329 @@
+"""Exercise set 10 — additive and linear attention (solutions/10_linear_and_additive_attention.ipynb).
+
+References are computed here in float64 from the definitions (Bahdanau's score pair by pair, the explicit
+kernel matrix φ(Q)φ(K)ᵀ for linear attention, closed-form FLOP counts), independently of the learner and
+of ``attn_course.additive`` / ``attn_course.linear``. Hints are detected by computing what each common
+mistake returns on the same inputs.
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..spec import FORBID_COURSE, FORBID_SDPA, Case, Exercise, Verdict, close, diagnose
+
+__all__ = ["EXERCISES"]
+
+_F64 = torch.float64
+
+
+def _phi(x):
+    return torch.where(x > 0, x + 1, torch.exp(x))                  # elu(x) + 1, written out
+
+
+# ---- 10_additive_score --------------------------------------------------------------------------------
+
+def _add_cases(gen):
+    out = []
+    for Lq, Lk, dq, dk, h in [(3, 5, 4, 6, 7), (6, 2, 8, 3, 5), (4, 4, 2, 9, 16), (1, 7, 5, 5, 3)]:
+        out.append(Case(f"Lq={Lq}, Lk={Lk}, query_dim={dq}, key_dim={dk}, hidden={h}",
+                        {"q": torch.randn(Lq, dq, generator=gen, dtype=_F64),
+                         "k": torch.randn(Lk, dk, generator=gen, dtype=_F64),
+                         "W_q": torch.randn(h, dq, generator=gen, dtype=_F64) * 0.7,
+                         "W_k": torch.randn(h, dk, generator=gen, dtype=_F64) * 0.7,
+                         "w_v": torch.randn(h, generator=gen, dtype=_F64)}))
+    return out
+
+
+def _add_answer(fn, case):
+    i = case.inputs
+    return {"scores": fn(i["q"], i["k"], i["W_q"], i["W_k"], i["w_v"])}
+
+
+def _add_formula(case, *, tanh="pair"):
+    i = case.inputs
+    hq, hk = i["q"] @ i["W_q"].T, i["k"] @ i["W_k"].T                # (Lq, h), (Lk, h)
+    if tanh == "pair":
+        pre = torch.tanh(hq[:, None, :] + hk[None, :, :])
+    elif tanh == "none":
+        pre = hq[:, None, :] + hk[None, :, :]
+    else:                                                          # tanh of each projection, then added
+        pre = torch.tanh(hq)[:, None, :] + torch.tanh(hk)[None, :, :]
+    return {"scores": pre @ i["w_v"]}
+
+
+def _add_expected(case):
+    i = case.inputs
+    Lq, Lk = i["q"].shape[0], i["k"].shape[0]
+    s = torch.empty(Lq, Lk, dtype=_F64)
+    for a in range(Lq):                                            # one pair at a time, as in the paper
+        for b in range(Lk):
+            s[a, b] = i["w_v"] @ torch.tanh(i["W_q"] @ i["q"][a] + i["W_k"] @ i["k"][b])
+    return {"scores": s}
+
+
+def _add_judge(got, want, case):
+    if close(got["scores"], want["scores"]):
+        return Verdict(True)
+    return diagnose(got, [
+        ("the tanh is missing: without it the score w_vᵀ(W_q q + W_k k) = w_vᵀW_q q + w_vᵀW_k k splits into a "
+         "query part plus a key part, and the softmax over keys ignores the query entirely.",
+         _add_formula(case, tanh="none")),
+        ("the tanh goes around the SUM W_q q_i + W_k k_j (one hidden vector per pair), not around each "
+         "projection separately — tanh(a) + tanh(b) again splits into a query part plus a key part.",
+         _add_formula(case, tanh="each")),
+        ("rows are queries and columns keys: return (Lq, Lk), score[i, j] for query i and key j.",
+         {"scores": _add_formula(case)["scores"].T} if want["scores"].shape[0] == want["scores"].shape[1] else None),
+    ], "compare with score[i, j] = w_vᵀ tanh(W_q q_i + W_k k_j).")
+
+
+# ---- 10_linear_by_hand --------------------------------------------------------------------------------
+
+# Records the number of elements of the largest tensor any op creates. Its hook runs *inside* the learner's
+# call (torch calls it for every op), and the runtime guard counts grading code called from outside the
+# grader as a use of the forbidden ``attn_course``; so the hook is compiled under a filename of its own.
+_LARGEST_SRC = """
+class Largest(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+"""
+_ns = {"TorchDispatchMode": TorchDispatchMode, "torch": torch}
+exec(compile(_LARGEST_SRC, "<attn_course largest-tensor recorder>", "exec"), _ns)
+_Largest = _ns["Largest"]
+
+
+def _lin_cases(gen):
+    out = []
+    # Lq, Lk > E·Ev: an (L, E, Ev) outer product stays smaller than the Lq × Lk matrix the trick avoids
+    for B, H, Lq, Lk, E, Ev in [(1, 2, 40, 40, 4, 3), (2, 1, 30, 60, 3, 5), (1, 1, 300, 300, 2, 2),
+                                (2, 3, 50, 40, 6, 4)]:
+        out.append(Case(f"B={B}, H={H}, Lq={Lq}, Lk={Lk}, E={E}, Ev={Ev}",
+                        {"q": torch.randn(B, H, Lq, E, generator=gen, dtype=_F64),
+                         "k": torch.randn(B, H, Lk, E, generator=gen, dtype=_F64),
+                         "v": torch.randn(B, H, Lk, Ev, generator=gen, dtype=_F64)}))
+    return out
+
+
+def _lin_answer(fn, case):
+    i = case.inputs
+    rec = _Largest()
+    with rec:
+        out = fn(i["q"], i["k"], i["v"])
+    B, H, Lq, _ = i["q"].shape
+    pairs = B * H * Lq * i["k"].shape[-2]
+    return {"out": out, "formed_Lq_x_Lk": torch.tensor(rec.largest >= pairs)}
+
+
+def _lin_formula(q, k, v, *, phi=_phi, normalise=True, eps=1e-6):
+    K = phi(q) @ phi(k).transpose(-2, -1)                          # (..., Lq, Lk) kernel matrix
+    num = K @ v
+    return num / (K.sum(-1, keepdim=True) + eps) if normalise else num
+
+
+def _lin_expected(case):
+    i = case.inputs
+    return {"out": _lin_formula(i["q"], i["k"], i["v"]), "formed_Lq_x_Lk": torch.tensor(False)}
+
+
+def _lin_judge(got, want, case):
+    ok = close(got["out"], want["out"], atol=1e-6, rtol=1e-5)
+    if ok and not bool(got["formed_Lq_x_Lk"]):
+        return Verdict(True)
+    if ok:
+        return Verdict(False, "right values, but your code formed an Lq × Lk tensor: compute S = φ(K)ᵀV (E × Ev) "
+                              "and z = Σ_j φ(k_j) first, then φ(Q)S / (φ(Q)z + eps) — the associativity trick.")
+    i = case.inputs
+    q, k, v = i["q"], i["k"], i["v"]
+    return diagnose({"out": got["out"]}, [
+        ("the normaliser is missing: divide φ(q_i)ᵀS by φ(q_i)ᵀz + eps, with z = Σ_j φ(k_j).",
+         {"out": _lin_formula(q, k, v, normalise=False)}),
+        ("φ(x) = elu(x) + 1: without the +1 the features can be negative, and so can the weights and the "
+         "normaliser.", {"out": _lin_formula(q, k, v, phi=F.elu)}),
+        ("that is softmax attention; linear attention replaces exp(qᵀk/√E) by φ(q)ᵀφ(k) with φ = elu + 1.",
+         {"out": torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, -1) @ v}),
+    ], "compare with out_i = φ(q_i)ᵀS / (φ(q_i)ᵀz + eps), S = Σ_j φ(k_j)v_jᵀ, z = Σ_j φ(k_j), φ = elu + 1.")
+
+
+# ---- 10_recurrent_step --------------------------------------------------------------------------------
+
+def _step_cases(gen):
+    out = []
+    for B, E, Ev in [(1, 4, 3), (3, 2, 5), (2, 6, 6), (4, 5, 1)]:
+        out.append(Case(f"B={B}, E={E}, Ev={Ev}, a state after some tokens",
+                        {"S": torch.rand(B, E, Ev, generator=gen, dtype=_F64) * 3,
+                         "z": torch.rand(B, E, generator=gen, dtype=_F64) * 3 + 0.5,
+                         "q": torch.randn(B, E, generator=gen, dtype=_F64),
+                         "k": torch.randn(B, E, generator=gen, dtype=_F64) + 1,
+                         "v": torch.randn(B, Ev, generator=gen, dtype=_F64) * 2}))
+    return out
+
+
+def _step_answer(fn, case):
+    i = case.inputs
+    out, S, z = fn(i["S"], i["z"], i["q"], i["k"], i["v"])
+    return {"out": out, "S": S, "z": z}
+
+
+def _step_formula(case, *, read_first=False, normalise=True, phi=_phi, eps=1e-6):
+    i = case.inputs
+    pk, pq = phi(i["k"]), phi(i["q"])
+    S = i["S"] + pk[:, :, None] * i["v"][:, None, :]
+    z = i["z"] + pk
+    S_r, z_r = (i["S"], i["z"]) if read_first else (S, z)
+    num = (pq[:, :, None] * S_r).sum(1)
+    out = num / ((pq * z_r).sum(-1, keepdim=True) + eps) if normalise else num
+    return {"out": out, "S": S, "z": z}
+
+
+def _step_expected(case):
+    return _step_formula(case)
+
+
+def _step_judge(got, want, case):
+    if all(close(got[key], want[key]) for key in want):
+        return Verdict(True)
+    if not (close(got["S"], want["S"]) and close(got["z"], want["z"])):
+        return diagnose({"S": got["S"], "z": got["z"]}, [
+            ("the state update uses φ(k_t) = elu(k_t) + 1, not k_t itself: S += φ(k_t) v_tᵀ, z += φ(k_t).",
+             {k: v for k, v in _step_formula(case, phi=lambda x: x).items() if k != "out"}),
+            ("S and z must ADD the new token to the state (a running sum), not replace it.",
+             {"S": _step_formula(case)["S"] - case.inputs["S"], "z": _step_formula(case)["z"] - case.inputs["z"]}),
+        ], "the new state is S + φ(k_t) v_tᵀ (E × Ev) and z + φ(k_t) (E).")
+    return diagnose({"out": got["out"]}, [
+        ("off by one: the output reads the state BEFORE token t was added, so the token cannot attend to "
+         "itself. Update S and z first, then read out_t = φ(q_t)ᵀS_t / (φ(q_t)ᵀz_t + eps).",
+         {"out": _step_formula(case, read_first=True)["out"]}),
+        ("the normaliser is missing: divide by φ(q_t)ᵀz_t + eps.", {"out": _step_formula(case, normalise=False)["out"]}),
+        ("the query needs the feature map too: φ(q_t) = elu(q_t) + 1.",
+         {"out": _step_formula(case, phi=lambda x: x)["out"]}),
+    ], "the state is right; the output is φ(q_t)ᵀS_t / (φ(q_t)ᵀz_t + eps) with the UPDATED S_t and z_t.")
+
+
+# ---- 10_crossover -------------------------------------------------------------------------------------
+
+def _flops(L, E, Ev, *, pv=True):
+    softmax = 2 * L * L * E + (2 * L * L * Ev if pv else 0)
+    linear = 2 * L * E * Ev + 2 * L * E * Ev + L * E + 2 * L * E
+    return softmax, linear
+
+
+def _crossover(E, Ev, *, strict=True, pv=True):
+    L = 1
+    while True:
+        s, lin = _flops(L, E, Ev, pv=pv)
+        if lin < s or (not strict and lin <= s):
+            return L
+        L += 1
+
+
+def _cross_cases(gen):
+    return [Case(f"E={E}, Ev={Ev}", params={"E": E, "Ev": Ev}) for E, Ev in [(64, 64), (6, 3), (128, 64), (16, 256)]]
+
+
+def _cross_answer(fn, case):
+    return {"L": torch.tensor(int(fn(**case.params)), dtype=torch.int64)}
+
+
+def _cross_expected(case):
+    return {"L": torch.tensor(_crossover(**case.params), dtype=torch.int64)}
+
+
+def _cross_judge(got, want, case):
+    g, p = int(got["L"]), case.params
+    if g == int(want["L"]):
+        return Verdict(True)
+    E, Ev = p["E"], p["Ev"]
+    for hint, value in [
+        ("softmax attention has TWO L×L matmuls: QKᵀ (2·L²·E) and PV (2·L²·Ev).", _crossover(E, Ev, pv=False)),
+        ("at the returned L both counts are equal; the question asks for the first L where linear attention "
+         "needs strictly FEWER FLOPs.", _crossover(E, Ev, strict=False)),
+        ("that is the last L where softmax attention is still cheaper (or as cheap); return the first L where "
+         "linear attention is cheaper.", _crossover(E, Ev) - 1),
+    ]:
+        if g == value and value != int(want["L"]):
+            return Verdict(False, hint)
+    return Verdict(False, "count per head: softmax 2L²E + 2L²Ev; linear 2LEEv (S) + 2LEEv (φ(Q)S) + LE (z) + "
+                          "2LE (φ(Q)z); return the smallest L with linear < softmax.")
+
+
+# ---- 10_find_the_bug ----------------------------------------------------------------------------------
+
+_BUGS = {"plus_one": "φ must be elu(x) + 1 (the +1 keeps features, weights and normaliser positive)",
+         "normaliser": "the normaliser is missing (divide by φ(q_i)ᵀz_i + eps, z_i = Σ_{j≤i} φ(k_j))",
+         "off_by_one": "the prefix sum is off by one: query i must include key i (an inclusive cumsum, not "
+                       "cumsum − current)"}
+
+
+def _causal_formula(q, k, v, *, plus_one=True, normaliser=True, off_by_one=False, eps=1e-6):
+    phi = _phi if plus_one else F.elu
+    K = phi(q) @ phi(k).transpose(-2, -1)
+    L = q.shape[-2]
+    K = K * torch.ones(L, L, dtype=q.dtype).tril(-1 if off_by_one else 0)
+    num = K @ v
+    return num / (K.sum(-1, keepdim=True) + eps) if normaliser else num
+
+
+def _bug_cases(gen):
+    out = []
+    for B, H, L, E, Ev in [(1, 2, 7, 3, 4), (2, 1, 12, 4, 2), (1, 3, 5, 2, 3), (2, 2, 16, 5, 5)]:
+        out.append(Case(f"B={B}, H={H}, L={L}, E={E}, Ev={Ev}",
+                        {"q": torch.randn(B, H, L, E, generator=gen, dtype=_F64),
+                         "k": torch.randn(B, H, L, E, generator=gen, dtype=_F64),
+                         "v": torch.randn(B, H, L, Ev, generator=gen, dtype=_F64)}))
+    return out
+
+
+def _bug_answer(fn, case):
+    i = case.inputs
+    return {"out": fn(i["q"], i["k"], i["v"])}
+
+
+def _bug_expected(case):
+    i = case.inputs
+    return {"out": _causal_formula(i["q"], i["k"], i["v"])}
+
+
+def _bug_judge(got, want, case):
+    if close(got["out"], want["out"], atol=1e-6, rtol=1e-5):
+        return Verdict(True)
+    i = case.inputs
+    cands = []
+    for flags in itertools.product([False, True], repeat=3):          # which bugs are still there
+        if not any(flags):
+            continue
+        left = [name for name, f in zip(_BUGS, flags) if f]
+        kw = {"plus_one": not flags[0], "normaliser": not flags[1], "off_by_one": flags[2]}
+        hint = ("still there: " + "; ".join(_BUGS[n] for n in left) + ".")
+        cands.append((hint, {"out": _causal_formula(i["q"], i["k"], i["v"], **kw)}))
+    cands.sort(key=lambda c: c[0].count(";"))                         # fewest remaining bugs first
+    return diagnose(got, cands, "compare with out_i = Σ_{j≤i} φ(q_i)ᵀφ(k_j) v_j / (Σ_{j≤i} φ(q_i)ᵀφ(k_j) + eps), "
+                                "φ = elu + 1.")
+
+
+EXERCISES = [
+    Exercise("10_additive_score", 2, "Bahdanau's additive score by hand",
+             "a function additive_scores(q, k, W_q, W_k, w_v) -> scores (Lq, Lk)",
+             _add_cases, _add_answer, _add_expected, _add_judge, forbidden=FORBID_COURSE),
+    Exercise("10_linear_by_hand", 3, "Linear attention with the associativity trick",
+             "a function linear_attn(q, k, v) -> out",
+             _lin_cases, _lin_answer, _lin_expected, _lin_judge, forbidden=FORBID_SDPA + FORBID_COURSE),
+    Exercise("10_recurrent_step", 2, "One recurrent step of causal linear attention",
+             "a function rnn_step(S, z, q, k, v) -> (out, S_new, z_new)",
+             _step_cases, _step_answer, _step_expected, _step_judge, forbidden=FORBID_COURSE),
+    Exercise("10_crossover", 2, "Where linear attention starts to pay off",
+             "a function crossover(E, Ev) -> int", _cross_cases, _cross_answer, _cross_expected, _cross_judge),
+    Exercise("10_find_the_bug", 3, "Find the bugs in causal linear attention",
+             "a function causal_linear_attention(q, k, v) -> out",
+             _bug_cases, _bug_answer, _bug_expected, _bug_judge, forbidden=FORBID_COURSE),
+]
