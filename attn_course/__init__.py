@@ -25,7 +25,8 @@ _LAZY = {
     "flash_attention": "flash",
     "RMSNorm": "norm",
 }
-_SUBMODULES = {"functional", "masks", "rope", "positions", "viz", "widgets", "grading", "demos", "memory", "bench"}
+_SUBMODULES = {"functional", "masks", "rope", "positions", "viz", "widgets", "grading", "demos", "memory", "bench",
+               "sparse"}
 
 __all__ = sorted(_LAZY) + sorted(_SUBMODULES)
 
