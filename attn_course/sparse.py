@@ -36,7 +36,7 @@ from . import _validate
 from .positions import alibi_slopes
 
 __all__ = ["causal", "sliding_window", "dilated", "global_local", "bigbird", "block_sparse",
-           "sparse_transformer_layout", "random_block_layout", "dense", "density", "block_mask",
+           "sparse_transformer_layout", "random_block_layout", "dense", "density", "tile_occupancy", "block_mask",
            "block_mask_bytes", "alibi", "soft_cap", "relative_bias", "compiled_flex", "flex"]
 
 
@@ -156,6 +156,23 @@ def dense(mask_mod, q_len: int, k_len: int | None = None, *, device=None) -> tor
 def density(mask: torch.Tensor) -> float:
     """Fraction of (query, key) pairs that may attend: the share of the dense L² work that remains."""
     return float(mask.float().mean())
+
+
+def tile_occupancy(mask: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(full, partial)`` bool ``(⌈Lq/block⌉, ⌈Lk/block⌉)`` of a dense ``(Lq, Lk)`` mask: tiles where every
+    pair may attend, and tiles where some but not all may. The rest are empty — what a BlockMask records
+    (``full_kv_num_blocks`` / ``kv_num_blocks`` per query block) and a block-sparse kernel skips."""
+    _validate.positive_int("block", block)
+    Lq, Lk = mask.shape
+    nq, nk = -(-Lq // block), -(-Lk // block)
+    pad = torch.zeros(nq * block, nk * block, dtype=torch.bool, device=mask.device)
+    pad[:Lq, :Lk] = mask
+    valid = torch.zeros_like(pad)
+    valid[:Lq, :Lk] = True                                              # the padding of ragged edge tiles
+    tiles = lambda t: t.reshape(nq, block, nk, block).transpose(1, 2)  # (nq, nk, block, block)
+    anyv = tiles(pad).any(-1).any(-1)
+    full = (tiles(pad) | ~tiles(valid)).all(-1).all(-1) & anyv
+    return full, anyv & ~full
 
 
 def block_mask(mask_mod, q_len: int, k_len: int | None = None, *, block: int = 128, device=None):

@@ -123,3 +123,32 @@ def test_compiled_flex_agrees_and_is_reused():
     q2 = torch.randn_like(q)
     torch.testing.assert_close(sparse.flex(q2, k, v, block_mask=bm),
                                attention(q2, k, v, attn_mask=masks.sliding_window_mask(n, W))[0], atol=2e-5, rtol=2e-5)
+
+
+def test_tile_occupancy_matches_block_mask_and_ragged_edges():
+    m = masks.sliding_window_mask(L, 5)
+    full, partial = sparse.tile_occupancy(m, BLK)
+    bm = sparse.block_mask(sparse.sliding_window(5), L, block=BLK)
+    assert torch.equal(full.sum(-1).int(), bm.full_kv_num_blocks[0, 0])
+    assert torch.equal(partial.sum(-1).int(), bm.kv_num_blocks[0, 0])
+    # ragged: L=10, block 4 -> 3x3 tiles; a full causal mask's last diagonal tile (2 rows x 2 cols) is partial
+    full, partial = sparse.tile_occupancy(masks.causal_mask(10), 4)
+    assert full.tolist() == [[False, False, False], [True, False, False], [True, True, False]]
+    assert partial.tolist() == [[True, False, False], [False, True, False], [False, False, True]]
+    full, _ = sparse.tile_occupancy(torch.ones(10, 10, dtype=torch.bool), 4)
+    assert bool(full.all())
+
+
+def test_sparse_explorer_views():
+    from attn_course.widgets.sparse import PATTERNS, SparseExplorer
+    ex = SparseExplorer()
+    for p in PATTERNS:
+        v = ex.view(p, L=64, window=8, block=8)
+        assert v.mask.shape == (64, 64) and 0 < v.density < 1
+        assert v.tile_share >= v.density - 1e-9                          # tiles cover every kept pair
+    v = ex.view("causal window", L=64, window=8, block=8)
+    assert v.density == sum(min(i + 1, 8) for i in range(64)) / 64 ** 2
+    assert int(v.partial.sum()) == 8 + 7 and int(v.full.sum()) == 0     # diagonal tiles + the ones just below
+    box = ex.widget()
+    box.controls["pattern"].value = "dilated"
+    assert len(box.children[-1].outputs) == 1
