@@ -77,7 +77,8 @@ def _setup(method, L, W, block, device):
 def measure_sparse(method: str, *, L: int, window: int = 256, batch: int = 1, heads: int = 8, dim: int = 64,
                    block: int = 128, device: str = "cpu", repeats: int = 7, threads: int = 0, seed: int = 0) -> dict:
     """One cell in the current process: ``{"time_s", "times_s", "mem_bytes", "first_call_s", "mask_bytes",
-    "max_err"}`` (``max_err``: largest difference from SDPA with the dense mask, on these inputs)."""
+    "max_err"}`` (``max_err``: largest difference from SDPA with the dense window mask — or with
+    ``is_causal`` for the two ``*_causal`` methods — on these inputs)."""
     import torch
     import torch.nn.functional as F
     if threads:
@@ -98,12 +99,10 @@ def measure_sparse(method: str, *, L: int, window: int = 256, batch: int = 1, he
     t0 = time.perf_counter()
     out = run()                                                         # warm-up (flex: compiles here)
     first = time.perf_counter() - t0
-    if method == "sdpa_causal":
-        err = None                                                      # a different (dense causal) computation
-    else:
-        with torch.no_grad():
-            ref = F.scaled_dot_product_attention(q, k, v, attn_mask=_window_mask(L, window, dev))
-        err = float((out - ref).abs().max())
+    with torch.no_grad():                                               # the two *_causal methods: no window
+        ref = (F.scaled_dot_product_attention(q, k, v, is_causal=True) if method.endswith("_causal") else
+               F.scaled_dot_product_attention(q, k, v, attn_mask=_window_mask(L, window, dev)))
+    err = float((out - ref).abs().max())
     del out
     if cuda:
         torch.cuda.reset_peak_memory_stats()
