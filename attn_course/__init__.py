@@ -29,7 +29,8 @@ _LAZY = {
     "AdditiveAttention": "additive",
     "linear_attention": "linear",
 }
-_SUBMODULES = {"functional", "masks", "rope", "positions", "ring", "viz", "widgets", "grading", "demos", "memory", "bench"}
+_SUBMODULES = {"functional", "masks", "rope", "positions", "ring", "viz", "widgets", "grading", "demos", "memory",
+               "bench", "sparse"}
 
 __all__ = sorted(_LAZY) + sorted(_SUBMODULES)
 

@@ -23,7 +23,11 @@ Like the CUDA/Triton kernels, the code works in base 2: ``log2(e)`` is folded in
 each tile needs ``exp2`` (cheaper than ``exp``) and ``exp2(x · log2 e) = exp(x)`` leaves the result unchanged.
 
 With ``is_causal`` the tiles that lie entirely above the diagonal are skipped (never computed), which
-roughly halves the work; only tiles that straddle the diagonal are masked element-wise.
+roughly halves the work; only tiles that straddle the diagonal are masked element-wise. With
+``window=W`` (sliding-window attention, Beltagy et al. 2020; Jiang et al. 2023) query i sees only keys
+with ``i − j < W`` (and ``j − i < W`` when not causal): the loops visit only the tiles that meet that band,
+forward and backward, so the cost grows as ``L · W`` instead of ``L²`` — FlashAttention's block-sparse
+mode (Dao et al. 2022, §3.3) for the one pattern whose blocks are known in closed form.
 
 This is the teaching version, on every device. A FlashAttention-2-style Triton kernel with the same
 semantics is :func:`attn_course.flash_triton.flash_attention_triton` (CUDA, ``triton`` extra).
@@ -44,7 +48,8 @@ LOG2E = 1.4426950408889634      # log2(e): exp(x) = exp2(x · log2 e)
 LN2 = 0.6931471805599453        # ln(2):   log(x) = log2(x) · ln 2
 
 __all__ = ["flash_attention", "flash_attention_forward", "flash_attention_backward",
-           "online_softmax_step", "online_softmax_finish", "causal_tile_mask", "FlashAttentionFunction"]
+           "online_softmax_step", "online_softmax_finish", "causal_tile_mask", "band_tile_mask",
+           "FlashAttentionFunction"]
 
 
 def online_softmax_step(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, S: torch.Tensor,
@@ -95,12 +100,42 @@ def causal_tile_mask(q0: int, q1: int, k0: int, k1: int, device=None) -> torch.T
     return cols <= rows
 
 
-def _key_stop(q1: int, Lk: int, is_causal: bool) -> int:
-    """Keys a query block ``…:q1`` needs: all of them, or (causal) only up to the diagonal."""
-    return min(Lk, q1) if is_causal else Lk
+def band_tile_mask(q0: int, q1: int, k0: int, k1: int, is_causal: bool, window: int | None,
+                   device=None) -> torch.Tensor | None:
+    """Bool ``(q1−q0, k1−k0)`` mask, True = may attend, of the tile ``q0:q1 × k0:k1`` under ``is_causal``
+    (``j ≤ i``) and ``window`` (``i − j < W``, and ``j − i < W`` when not causal); ``None`` when the whole
+    tile is visible. Positions are top-left aligned, as SDPA's ``is_causal``."""
+    if window is None:
+        return causal_tile_mask(q0, q1, k0, k1, device) if is_causal else None
+    inside = (q1 - 1) - k0 < window and (k1 - 1 <= q0 if is_causal else (k1 - 1) - q0 < window)
+    if inside:
+        return None
+    d = torch.arange(q0, q1, device=device).unsqueeze(-1) - torch.arange(k0, k1, device=device)  # i − j
+    return (d >= 0) & (d < window) if is_causal else d.abs() < window
 
 
-def _check(q, k, v, scale, block_q, block_k):
+def _tiles(lo: int, hi: int, block: int) -> range:
+    """Starts of the grid tiles of size ``block`` that meet positions ``[lo, hi)``."""
+    return range(max(lo, 0) // block * block, hi, block)
+
+
+def _key_tiles(q0: int, q1: int, Lk: int, is_causal: bool, window: int | None, block_k: int) -> range:
+    """Key tiles a query block ``q0:q1`` needs: all, up to the diagonal (causal), and (window) from ``q0 − W + 1``."""
+    lo = 0 if window is None else q0 - window + 1
+    hi = Lk if not is_causal else min(Lk, q1)
+    if window is not None and not is_causal:
+        hi = min(Lk, q1 - 1 + window)
+    return _tiles(lo, hi, block_k)
+
+
+def _query_tiles(k0: int, k1: int, Lq: int, is_causal: bool, window: int | None, block_q: int) -> range:
+    """Query tiles that see some key of ``k0:k1`` (the transpose of :func:`_key_tiles`, for the backward)."""
+    lo = k0 if is_causal else (0 if window is None else k0 - window + 1)
+    hi = Lq if window is None else min(Lq, k1 - 1 + window)
+    return _tiles(lo, hi, block_q)
+
+
+def _check(q, k, v, scale, block_q, block_k, window=None):
     for name, t in (("q", q), ("k", k), ("v", v)):
         _validate.tensor(name, t, min_dim=2)
         if not t.is_floating_point():
@@ -118,6 +153,8 @@ def _check(q, k, v, scale, block_q, block_k):
                          f"{tuple(q.shape)} and k {tuple(k.shape)}")
     _validate.positive_int("block_q", block_q)
     _validate.positive_int("block_k", block_k)
+    if window is not None:
+        _validate.positive_int("window", window)
     if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
                                   and math.isfinite(scale)):
         raise ValueError(f"scale must be a finite number or None, got {scale!r}")
@@ -132,7 +169,7 @@ def _flatten(q, k, v, scale):
             v.reshape(N, *v.shape[-2:]).to(acc), scale)
 
 
-def _forward(Q, K, V, scale, is_causal, block_q, block_k):
+def _forward(Q, K, V, scale, is_causal, block_q, block_k, window=None):
     """Tiled forward on flattened ``(N, L, ·)`` tensors. Returns ``O (N, Lq, Dv)`` and ``L (N, Lq)``."""
     N, Lq, _ = Q.shape
     Lk, Dv = K.shape[1], V.shape[2]
@@ -144,10 +181,10 @@ def _forward(Q, K, V, scale, is_causal, block_q, block_k):
         m = Q.new_full((N, q1 - q0, 1), -math.inf)                     # running max
         l = Q.new_zeros(N, q1 - q0, 1)                                 # running denominator
         acc = Q.new_zeros(N, q1 - q0, Dv)                              # unnormalised output Õ
-        for k0 in range(0, _key_stop(q1, Lk, is_causal), block_k):     # inner loop: key blocks K_j, V_j
+        for k0 in _key_tiles(q0, q1, Lk, is_causal, window, block_k):  # inner loop: key blocks K_j, V_j (those in the band)
             k1 = min(k0 + block_k, Lk)
             S = torch.bmm(Q_i, K[:, k0:k1].transpose(1, 2))           # (N, B_r, B_c)  S_ij = Q_i K_jᵀ·scale (base 2)
-            mask = causal_tile_mask(q0, q1, k0, k1, Q.device) if is_causal else None
+            mask = band_tile_mask(q0, q1, k0, k1, is_causal, window, Q.device)
             if mask is not None:
                 S.masked_fill_(~mask, -math.inf)
             m, l, acc = online_softmax_step(m, l, acc, S, V[:, k0:k1])
@@ -155,7 +192,7 @@ def _forward(Q, K, V, scale, is_causal, block_q, block_k):
     return O, LSE
 
 
-def _backward(Q, K, V, O, LSE, dO, scale, is_causal, block_q, block_k):
+def _backward(Q, K, V, O, LSE, dO, scale, is_causal, block_q, block_k, window=None):
     """Tiled backward by recomputation (Dao 2023, Algorithm 2) on flattened tensors: (dQ, dK, dV)."""
     Lq, Lk = Q.shape[1], K.shape[1]
     D = (dO * O).sum(dim=-1, keepdim=True)                             # (N, Lq, 1)  D_i = rowsum(dO_i ∘ O_i)
@@ -167,12 +204,11 @@ def _backward(Q, K, V, O, LSE, dO, scale, is_causal, block_q, block_k):
         k1 = min(k0 + block_k, Lk)
         K_j, V_j = K[:, k0:k1], V[:, k0:k1]
         dK_j, dV_j = dK[:, k0:k1], dV[:, k0:k1]                        # views: accumulated in place
-        first_q = (k0 // block_q) * block_q if is_causal else 0        # causal: blocks above the diagonal skipped
-        for q0 in range(first_q, Lq, block_q):
+        for q0 in _query_tiles(k0, k1, Lq, is_causal, window, block_q):  # tiles outside the causal/window band skipped
             q1 = min(q0 + block_q, Lq)
             Q_i = Qs[:, q0:q1]                                         # (N, B_r, E)
             S = torch.bmm(Q_i, K_j.transpose(1, 2))                    # (N, B_r, B_c) recomputed, base 2
-            mask = causal_tile_mask(q0, q1, k0, k1, Q.device) if is_causal else None
+            mask = band_tile_mask(q0, q1, k0, k1, is_causal, window, Q.device)
             if mask is not None:
                 S.masked_fill_(~mask, -math.inf)
             P = S.sub_(LSE[:, q0:q1]).exp2_()                          # P_ij = exp(S_ij − L_i)
@@ -190,57 +226,58 @@ class FlashAttentionFunction(torch.autograd.Function):
     and recomputes the tiles in backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale, block_q, block_k):
+    def forward(ctx, q, k, v, is_causal, scale, block_q, block_k, window=None):
         Q, K, V, s = _flatten(q, k, v, scale)
-        O, LSE = _forward(Q, K, V, s, is_causal, block_q, block_k)
+        O, LSE = _forward(Q, K, V, s, is_causal, block_q, block_k, window)
         ctx.save_for_backward(q, k, v, O, LSE)
-        ctx.cfg = (s, is_causal, block_q, block_k)
+        ctx.cfg = (s, is_causal, block_q, block_k, window)
         return O.reshape(*q.shape[:-1], v.shape[-1]).to(q.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, O, LSE = ctx.saved_tensors
-        s, is_causal, block_q, block_k = ctx.cfg
+        s, is_causal, block_q, block_k, window = ctx.cfg
         Q, K, V, _ = _flatten(q, k, v, s)
         dO = grad_out.reshape(O.shape).to(O.dtype)
-        dQ, dK, dV = _backward(Q, K, V, O, LSE, dO, s, is_causal, block_q, block_k)
+        dQ, dK, dV = _backward(Q, K, V, O, LSE, dO, s, is_causal, block_q, block_k, window)
         return (dQ.reshape(q.shape).to(q.dtype), dK.reshape(k.shape).to(k.dtype),
-                dV.reshape(v.shape).to(v.dtype), None, None, None, None)
+                dV.reshape(v.shape).to(v.dtype), None, None, None, None, None)
 
 
 def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
-                            scale: float | None = None, block_q: int = 64, block_k: int = 64
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
+                            scale: float | None = None, block_q: int = 64, block_k: int = 64,
+                            window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The tiled forward alone (no autograd), returning ``(out, logsumexp)``.
 
     ``out`` is ``(…, Lq, Ev)`` in the input dtype; ``logsumexp`` is ``(…, Lq)`` in the accumulation dtype
     (fp32 for fp16/bf16 inputs): ``logsumexp[i] = log Σ_j exp(S_ij)`` over the visible keys, −∞ for a row
     with none. Same arguments as :func:`flash_attention`.
     """
-    _check(q, k, v, scale, block_q, block_k)
+    _check(q, k, v, scale, block_q, block_k, window)
     Q, K, V, s = _flatten(q, k, v, scale)
     with torch.no_grad():
-        O, LSE = _forward(Q, K, V, s, is_causal, block_q, block_k)
+        O, LSE = _forward(Q, K, V, s, is_causal, block_q, block_k, window)
     return O.reshape(*q.shape[:-1], v.shape[-1]).to(q.dtype), LSE.reshape(q.shape[:-1])
 
 
 def flash_attention_backward(q, k, v, out, logsumexp, grad_out, *, is_causal: bool = False,
-                             scale: float | None = None, block_q: int = 64, block_k: int = 64
-                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                             scale: float | None = None, block_q: int = 64, block_k: int = 64,
+                             window: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``(dq, dk, dv)`` recomputed tile by tile from ``(out, logsumexp)`` — for teaching;
     :func:`flash_attention` calls the same code through autograd."""
-    _check(q, k, v, scale, block_q, block_k)
+    _check(q, k, v, scale, block_q, block_k, window)
     Q, K, V, s = _flatten(q, k, v, scale)
     O = out.reshape(Q.shape[0], *out.shape[-2:]).to(Q.dtype)
     dO = grad_out.reshape(O.shape).to(Q.dtype)
     with torch.no_grad():
         dQ, dK, dV = _backward(Q, K, V, O, logsumexp.reshape(O.shape[:-1]).to(Q.dtype), dO, s, is_causal,
-                               block_q, block_k)
+                               block_q, block_k, window)
     return dQ.reshape(q.shape).to(q.dtype), dK.reshape(k.shape).to(k.dtype), dV.reshape(v.shape).to(v.dtype)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
-                    scale: float | None = None, block_q: int = 64, block_k: int = 64) -> torch.Tensor:
+                    scale: float | None = None, block_q: int = 64, block_k: int = 64,
+                    window: int | None = None) -> torch.Tensor:
     """Exact scaled dot-product attention, computed in tiles without ever forming the ``Lq × Lk`` matrix.
 
     Same result as ``F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)``.
@@ -253,10 +290,13 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
         scale: multiplies ``Q Kᵀ``; default ``1/√E``.
         block_q, block_k: tile sizes ``B_r`` (queries) and ``B_c`` (keys); any ``Lq``, ``Lk`` work (the
             last block is simply shorter).
+        window: sliding window ``W`` (a positive int) or ``None``: query i sees key j only if ``i − j < W``
+            (and, when not causal, ``j − i < W``) — ``masks.sliding_window_mask(L, W, causal=is_causal)``,
+            top-left aligned when Lq ≠ Lk. Tiles wholly outside the band are never computed.
 
     Returns:
         ``(…, Lq, Ev)`` in the input dtype. fp16/bf16 inputs are accumulated in fp32. Differentiable:
         the backward recomputes tiles from the saved output and logsumexp (memory linear in L).
     """
-    _check(q, k, v, scale, block_q, block_k)
-    return FlashAttentionFunction.apply(q, k, v, bool(is_causal), scale, block_q, block_k)
+    _check(q, k, v, scale, block_q, block_k, window)
+    return FlashAttentionFunction.apply(q, k, v, bool(is_causal), scale, block_q, block_k, window)

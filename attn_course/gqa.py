@@ -9,6 +9,7 @@ References:
 - Ainslie et al. 2023, "GQA: Training Generalized Multi-Query Transformer Models from Multi-Head
   Checkpoints", §2 (grouping; up-training by mean-pooling the key/value heads of a group).
 - Shazeer 2019, "Fast Transformer Decoding: One Write-Head is All You Need" (MQA).
+- Jiang et al. 2023, "Mistral 7B", §2 (sliding-window attention and the rolling-buffer cache).
 """
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from torch import nn
 
 from . import _validate
 from .functional import _check, attention
+from .masks import sliding_window_mask
 
-__all__ = ["GroupedQueryAttention", "KVCache", "StaticKVCache"]
+__all__ = ["GroupedQueryAttention", "KVCache", "StaticKVCache", "RollingKVCache"]
 
 
 @dataclass
@@ -116,6 +118,63 @@ class StaticKVCache:
         return sum(t.numel() * t.element_size() for t in (self.k_buf, self.v_buf))
 
 
+class RollingKVCache:
+    """Mistral's rolling-buffer cache (Jiang et al. 2023, §2) for ONE layer with a sliding window ``W``.
+
+    With a window, a new token never looks further back than ``W − 1`` positions, so only the last ``W``
+    keys and values are kept: position ``p`` lives in slot ``p mod W`` of fixed ``(B, H_kv, W, d_h)``
+    buffers and overwrites position ``p − W``, which no later query can see. ``len(cache) <= W`` and
+    :meth:`nbytes` stay constant however many tokens are decoded (a :class:`KVCache` grows without bound).
+    The slots are not in time order; attention does not care, because the mask is built from ``pos``.
+
+    Attributes: ``k``, ``v`` the buffers (``None`` before the first update); ``pos`` ``(W,)`` the absolute
+    position held by each slot (−1 = empty); ``seen`` the number of tokens written so far.
+    """
+
+    def __init__(self, window: int):
+        self.window = _validate.positive_int("window", window)
+        self.k = self.v = self.pos = None
+        self.seen = 0
+
+    def __len__(self) -> int:
+        """Positions currently held (``min(seen, W)``)."""
+        return min(self.seen, self.window)
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Attend-then-store for ``L_new`` new tokens ``k, v`` ``(B, H_kv, L_new, d_h)``.
+
+        Returns ``(k_all, v_all, mask)``: the buffer followed by the new tokens, ``(B, H_kv, W + L_new, d_h)``,
+        and the bool ``(L_new, W + L_new)`` sliding-window mask (True = may attend) of the new queries over
+        them, built from absolute positions. Then the last ``min(L_new, W)`` new tokens are written into
+        their slots ``p mod W``.
+        """
+        B, Hkv, L, d = k.shape
+        W = self.window
+        if self.k is None:
+            self.k = k.new_zeros(B, Hkv, W, d)
+            self.v = v.new_zeros(B, Hkv, W, v.shape[-1])
+            self.pos = torch.full((W,), -1, dtype=torch.long, device=k.device)
+        elif self.k.shape[:2] != k.shape[:2] or self.k.shape[-1] != d:
+            raise ValueError(
+                f"cache holds keys of shape (B, H_kv, W, d_h) = {tuple(self.k.shape)}, cannot add keys of "
+                f"shape {tuple(k.shape)}: batch size, kv heads and head_dim must match")
+        new_pos = torch.arange(self.seen, self.seen + L, device=k.device)              # (L,)
+        key_pos = torch.cat([self.pos, new_pos])                                       # (W + L,)
+        d_ij = new_pos[:, None] - key_pos[None, :]                                     # i − j
+        mask = (key_pos >= 0) & (d_ij >= 0) & (d_ij < W)                               # (L, W + L)
+        k_all, v_all = torch.cat([self.k, k], dim=-2), torch.cat([self.v, v], dim=-2)
+        keep = min(L, W)                                                               # older new tokens are out of reach
+        slots = new_pos[-keep:] % W
+        self.k[:, :, slots], self.v[:, :, slots] = k[:, :, -keep:], v[:, :, -keep:]
+        self.pos[slots] = new_pos[-keep:]
+        self.seen += L
+        return k_all, v_all, mask
+
+    def nbytes(self) -> int:
+        """Bytes held by the K and V buffers (constant once allocated: ``2·B·H_kv·W·d_h·element size``)."""
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
+
+
 class GroupedQueryAttention(nn.Module):
     """Grouped-query self-attention on batch-first ``(B, L, d_model)`` inputs.
 
@@ -126,14 +185,19 @@ class GroupedQueryAttention(nn.Module):
             (1 = MQA, ``num_heads`` = MHA).
         bias: bias in the four projections (off by default, as in LLaMA/Mistral).
         dropout: dropout on the attention weights while training.
+        window: sliding window ``W`` (Mistral, Jiang et al. 2023) or ``None``. With ``is_causal=True`` query
+            i sees keys ``i − W < j <= i`` (``masks.sliding_window_mask(L, W)``); with ``is_causal=False``
+            keys ``|i − j| < W``. Decoding then takes a :class:`RollingKVCache` ``(W)``, which keeps only the
+            last ``W`` positions. ``attn_mask`` cannot be combined with ``window``.
 
     Parameters: ``q_proj`` d_model → H·d_h, ``k_proj`` and ``v_proj`` d_model → H_kv·d_h,
     ``out_proj`` H·d_h → d_model. Query head i uses kv head ``i // (H // H_kv)``.
     """
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int, bias: bool = False,
-                 dropout: float = 0.0):
+                 dropout: float = 0.0, window: int | None = None):
         super().__init__()
+        self.window = None if window is None else _validate.positive_int("window", window)
         _validate.positive_int("d_model", d_model)
         _validate.positive_int("num_heads", num_heads)
         _validate.positive_int("num_kv_heads", num_kv_heads)
@@ -175,7 +239,7 @@ class GroupedQueryAttention(nn.Module):
         return gqa
 
     def forward(self, x: torch.Tensor, *, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
-                need_weights: bool = False, cache: KVCache | StaticKVCache | None = None
+                need_weights: bool = False, cache: KVCache | StaticKVCache | RollingKVCache | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend ``x`` ``(B, L, d_model)`` to itself (and to the cached tokens, if ``cache`` is given).
 
@@ -188,7 +252,9 @@ class GroupedQueryAttention(nn.Module):
                 every cached key and new keys 0..i.
             need_weights: also return the per-head weights ``(B, H, L, L_k)`` (explicit path).
             cache: a :class:`KVCache` or :class:`StaticKVCache`; this call's K/V are appended to it
-                before attending.
+                before attending. A module with ``window`` takes a :class:`RollingKVCache` of the same
+                window instead (and ``is_causal=True``); the weights then cover the ``W`` buffer slots
+                followed by the new tokens.
 
         Returns:
             ``(out (B, L, d_model), weights or None)``.
@@ -200,7 +266,9 @@ class GroupedQueryAttention(nn.Module):
         q = rearrange(self.q_proj(x), "b l (h d) -> b h l d", h=self.num_heads)       # (B, H, L, d_h)
         k = rearrange(self.k_proj(x), "b l (h d) -> b h l d", h=self.num_kv_heads)    # (B, H_kv, L, d_h)
         v = rearrange(self.v_proj(x), "b l (h d) -> b h l d", h=self.num_kv_heads)    # (B, H_kv, L, d_h)
-        if cache is not None:
+        if self.window is not None or isinstance(cache, RollingKVCache):
+            k, v, attn_mask, is_causal = self._windowed(k, v, attn_mask, is_causal, cache)
+        elif cache is not None:
             past = len(cache)
             k, v = cache.update(k, v)                                 # (B, H_kv, past + L, d_h)
             if is_causal:   # bottom-right alignment: new query i is at absolute position past + i
@@ -219,3 +287,20 @@ class GroupedQueryAttention(nn.Module):
             weights = None
         y = rearrange(y, "b h l d -> b l (h d)")                      # re-assemble the heads side by side
         return self.out_proj(y), weights
+
+    def _windowed(self, k, v, attn_mask, is_causal, cache):
+        """Sliding-window keys, values and mask (with the rolling-buffer cache when decoding)."""
+        W = self.window
+        if W is None:
+            raise ValueError("a RollingKVCache needs a module built with window=W")
+        if attn_mask is not None:
+            raise ValueError(f"window={W} builds the mask itself; pass attn_mask=None")
+        if cache is None:                                             # (L, L) band, SDPA bool polarity
+            return k, v, sliding_window_mask(k.shape[-2], W, causal=is_causal, device=k.device), False
+        if not isinstance(cache, RollingKVCache) or cache.window != W:
+            raise ValueError(f"a module with window={W} decodes with RollingKVCache({W}), got "
+                             f"{type(cache).__name__}{'' if not isinstance(cache, RollingKVCache) else f'({cache.window})'}")
+        if not is_causal:
+            raise ValueError("decoding with a RollingKVCache needs is_causal=True (each token sees the past only)")
+        k, v, mask = cache.update(k, v)                               # (B, H_kv, W + L, d_h), (L, W + L)
+        return k, v, mask, False

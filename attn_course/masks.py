@@ -9,7 +9,7 @@ import torch
 
 from ._validate import positive_int
 
-__all__ = ["causal_mask", "padding_mask", "sliding_window_mask", "combine"]
+__all__ = ["causal_mask", "padding_mask", "sliding_window_mask", "dilated_mask", "global_local_mask", "combine"]
 
 
 def causal_mask(q_len: int, k_len: int | None = None, *, device=None) -> torch.Tensor:
@@ -46,6 +46,48 @@ def sliding_window_mask(q_len: int, window: int, *, causal: bool = True, device=
     j = torch.arange(q_len, device=device)[None, :]
     d = i - j
     return (d >= 0) & (d < window) if causal else d.abs() < window
+
+
+def dilated_mask(q_len: int, window: int, dilation: int, *, causal: bool = True, device=None) -> torch.Tensor:
+    """``(q_len, q_len)`` bool dilated sliding window (Beltagy et al. 2020, Longformer §3.1).
+
+    Key j visible to query i iff ``(i - j) % dilation == 0`` and ``|i - j| < window · dilation``
+    (and ``j <= i`` when causal): each query sees ``window`` keys on its side, every ``dilation``-th one,
+    so the reach is ``(window - 1) · dilation + 1`` positions for the same cost as a plain window.
+    ``dilation=1`` is :func:`sliding_window_mask`.
+    """
+    positive_int("q_len", q_len)
+    positive_int("window", window)
+    positive_int("dilation", dilation)
+    i = torch.arange(q_len, device=device)[:, None]
+    j = torch.arange(q_len, device=device)[None, :]
+    d = i - j
+    keep = (d % dilation == 0) & (d.abs() < window * dilation)
+    return keep & (d >= 0) if causal else keep
+
+
+def global_local_mask(q_len: int, window: int, global_idx, *, device=None) -> torch.Tensor:
+    """``(q_len, q_len)`` bool Longformer pattern (Beltagy et al. 2020, §3.1): a symmetric (non-causal)
+    window ``|i - j| < window``, plus every position in ``global_idx`` attends to all keys (its row is
+    True) and is attended by all queries (its column is True).
+
+    ``global_idx``: ints or a 1-D integer tensor, each in ``[0, q_len)``. Duplicates are harmless (a set
+    of positions); an empty ``global_idx`` gives the plain window ``sliding_window_mask(q_len, window,
+    causal=False)``. Out-of-range or non-integer indices raise ``ValueError``.
+    """
+    positive_int("q_len", q_len)
+    positive_int("window", window)
+    g = torch.as_tensor(global_idx if not isinstance(global_idx, int) else [global_idx])
+    if g.numel() == 0:
+        g = g.to(torch.long)
+    if g.dim() != 1 or g.is_floating_point() or g.dtype == torch.bool:
+        raise ValueError(f"global_idx must be a 1-D sequence of integers, got {g.dtype} of shape {tuple(g.shape)}")
+    if g.numel() and (int(g.min()) < 0 or int(g.max()) >= q_len):
+        raise ValueError(f"every global index must be in [0, q_len={q_len}), got {g.tolist()}")
+    mask = sliding_window_mask(q_len, window, causal=False, device=device)
+    is_global = torch.zeros(q_len, dtype=torch.bool, device=device)
+    is_global[g.to(device)] = True
+    return mask | is_global[:, None] | is_global[None, :]
 
 
 def combine(*masks: torch.Tensor | None) -> torch.Tensor | None:

@@ -1,0 +1,300 @@
+"""Exercise set 09 — sparse and sliding-window attention (solutions/09_sparse_and_sliding_window_attention.ipynb).
+
+References are computed here from the definitions (brute-force loops over (i, j), closed-form counts,
+float64 softmax), independently of the learner and of ``attn_course.masks``/``sparse``. Hints are detected
+by computing what the common mistakes produce on the same inputs.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..spec import FORBID_COURSE, FORBID_SDPA, Case, Exercise, Verdict, close, diagnose
+
+__all__ = ["EXERCISES"]
+
+_F64 = torch.float64
+
+
+def _pairs(L, pred):
+    return torch.tensor([[bool(pred(i, j)) for j in range(L)] for i in range(L)], dtype=torch.bool)
+
+
+def _int(x) -> torch.Tensor:
+    return torch.tensor(int(x), dtype=torch.int64)
+
+
+# ---- 09_dilated_mask ----------------------------------------------------------------------------------
+
+def _dilated(L, w, r, *, reach=None, causal=True, strict=True):
+    reach = w * r if reach is None else reach
+    return _pairs(L, lambda i, j: (i - j) % r == 0 and ((abs(i - j) < reach) if strict else abs(i - j) <= reach)
+                  and (j <= i or not causal))
+
+
+def _dil_cases(gen):
+    out = []
+    for L, w, r in [(12, 3, 2), (17, 4, 3), (9, 2, 4), (20, 5, 2)]:
+        out.append(Case(f"L={L}, window={w}, dilation={r}", params={"L": L, "window": w, "dilation": r}))
+    return out
+
+
+def _dil_answer(fn, case):
+    p = case.params
+    return {"mask": fn(p["L"], p["window"], p["dilation"])}
+
+
+def _dil_expected(case):
+    p = case.params
+    return {"mask": _dilated(p["L"], p["window"], p["dilation"])}
+
+
+def _dil_judge(got, want, case):
+    if close(got["mask"], want["mask"]):
+        return Verdict(True)
+    L, w, r = case.params["L"], case.params["window"], case.params["dilation"]
+    same = lambda a, b: torch.equal(a, b)
+    return diagnose(got["mask"], [
+        ("polarity: True must mean *may attend* (SDPA's convention); your mask is the complement.", ~_dilated(L, w, r)),
+        ("off by one: with |i − j| <= window·dilation each query sees window + 1 keys; the query itself is the "
+         "first of the window, so use |i − j| < window·dilation.", _dilated(L, w, r, strict=False)),
+        ("the reach must be window·dilation: the window counts *kept* keys (every dilation-th), so |i − j| < window "
+         "keeps too few.", _dilated(L, w, r, reach=w)),
+        ("the mask must be causal: also require j <= i.", _dilated(L, w, r, causal=False)),
+    ], "key j is visible to query i iff (i − j) % dilation == 0, |i − j| < window·dilation and j <= i.", same=same)
+
+
+# ---- 09_window_density --------------------------------------------------------------------------------
+
+def _density_cases(gen):
+    return [Case(f"L={L}, window={W}", params={"L": L, "window": W})
+            for L, W in [(10, 3), (4096, 256), (7, 9), (32768, 4096), (100, 30)]]
+
+
+def _density_answer(fn, case):
+    return {"density": torch.tensor(float(fn(case.params["L"], case.params["window"])), dtype=_F64)}
+
+
+def _pairs_count(L, W):
+    return sum(min(i + 1, W) for i in range(L))               # row i sees keys max(0, i−W+1) … i
+
+
+def _density_expected(case):
+    L, W = case.params["L"], case.params["window"]
+    return {"density": torch.tensor(_pairs_count(L, W) / (L * L), dtype=_F64)}
+
+
+def _density_judge(got, want, case):
+    if close(got["density"], want["density"], atol=1e-9, rtol=1e-9):
+        return Verdict(True)
+    L, W = case.params["L"], case.params["window"]
+    t = lambda x: torch.tensor(float(x), dtype=_F64)
+    return diagnose(got["density"], [
+        ("the first W − 1 rows see fewer than W keys (there is nothing before position 0): count min(i + 1, W) "
+         "per row, not L·W.", t(L * W / (L * L)) if W <= L else None),
+        ("a causal window sees only the past: a row sees min(i + 1, W) keys, not the 2W − 1 of a symmetric window.",
+         t(sum(min(i, W - 1) + 1 + min(L - 1 - i, W - 1) for i in range(L)) / (L * L))),
+        ("density is a fraction of all L² pairs, between 0 and 1 — divide the count of visible pairs by L·L.",
+         t(_pairs_count(L, W))),
+    ], "count the visible (i, j) pairs — row i sees min(i + 1, W) keys — and divide by L².",
+        same=lambda a, b: bool(torch.isclose(a, b, rtol=1e-9, atol=1e-12)))
+
+
+# ---- 09_mask_mod --------------------------------------------------------------------------------------
+
+def _mm_ref(i, j, W, n, *, causal_sink=True, strict=True, sinks=True):
+    win = (j <= i) & ((i - j < W) if strict else (i - j <= W))
+    sink = (j < n) & (j <= i) if causal_sink else (j < n)
+    return win | sink if sinks else win
+
+
+def _mm_cases(gen):
+    return [Case(f"L={L}, window={W}, n_sink={n}", params={"L": L, "window": W, "n_sink": n})
+            for L, W, n in [(16, 4, 2), (20, 3, 2), (12, 5, 4), (24, 6, 3)]]
+
+
+def _mm_answer(make, case):
+    p = case.params
+    mask_mod = make(p["window"], p["n_sink"])
+    i = torch.arange(p["L"])[:, None]
+    j = torch.arange(p["L"])[None, :]
+    zero = torch.zeros((), dtype=torch.long)
+    out = mask_mod(zero, zero, i, j)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"mask_mod must return a bool tensor, got {type(out).__name__}")
+    return {"mask": out.expand(p["L"], p["L"]).to(torch.bool).contiguous()}
+
+
+def _mm_expected(case):
+    p = case.params
+    return {"mask": _pairs(p["L"], lambda i, j: (j <= i and i - j < p["window"]) or (j < p["n_sink"] and j <= i))}
+
+
+def _mm_judge(got, want, case):
+    if close(got["mask"], want["mask"]):
+        return Verdict(True)
+    p = case.params
+    i, j = torch.arange(p["L"])[:, None], torch.arange(p["L"])[None, :]
+    W, n = p["window"], p["n_sink"]
+    return diagnose(got["mask"], [
+        ("the sink tokens must stay causal too: query i may see sink j only if j <= i (early queries must "
+         "not see a later sink).", _mm_ref(i, j, W, n, causal_sink=False)),
+        ("off by one: i − j <= window gives window + 1 keys; the query itself counts, so use i − j < window.",
+         _mm_ref(i, j, W, n, strict=False)),
+        ("the sinks are missing: OR the window with (kv_idx < n_sink) & (kv_idx <= q_idx).", _mm_ref(i, j, W, n, sinks=False)),
+    ], "return (window: 0 <= q_idx − kv_idx < window) | (sink: kv_idx < n_sink and kv_idx <= q_idx), "
+       "using only tensor operations (& and |, not `and`/`or`).", same=lambda a, b: torch.equal(a, b))
+
+
+# ---- 09_receptive_field -------------------------------------------------------------------------------
+
+def _rf_cases(gen):
+    return [Case(name, params={"num_layers": n, "window": W, "seq_len": L}) for name, n, W, L in [
+        ("Mistral 7B: 32 layers, W=4096, 128k context", 32, 4096, 131072),
+        ("4 layers, W=3, L=100", 4, 3, 100),
+        ("6 layers, W=10, L=30 (the stack already sees everything)", 6, 10, 30),
+        ("2 layers, W=64, L=1000", 2, 64, 1000)]]
+
+
+def _rf_answer(fn, case):
+    return {"tokens": _int(fn(**case.params))}
+
+
+def _rf_expected(case):
+    p = case.params
+    reach = 0                                    # brute force: how far back does the last position reach?
+    for _ in range(p["num_layers"]):
+        reach += p["window"] - 1                 # one more layer: each visible key itself saw W − 1 back
+    return {"tokens": _int(min(p["seq_len"], reach + 1))}
+
+
+def _rf_judge(got, want, case):
+    if close(got["tokens"], want["tokens"]):
+        return Verdict(True)
+    n, W, L = case.params["num_layers"], case.params["window"], case.params["seq_len"]
+    return diagnose(got["tokens"], [
+        ("a token cannot see beyond the sequence: cap the receptive field at seq_len.", _int(n * (W - 1) + 1)
+         if n * (W - 1) + 1 > L else None),
+        ("off by one: each layer reaches W − 1 positions further back (the window includes the token itself), "
+         "so n layers see n·(W − 1) + 1 tokens, not n·W.", _int(min(L, n * W))),
+        ("one layer sees W tokens, but stacking composes windows: layer n sees n·(W − 1) + 1.", _int(min(L, W))),
+    ], "each layer extends the reach by W − 1 positions: min(seq_len, num_layers·(W − 1) + 1).")
+
+
+# ---- 09_rolling_cache_bytes ---------------------------------------------------------------------------
+
+_CACHE = [  # name, layers, H_kv, d_h, window, tokens, batch, bytes/elt
+    ("Mistral 7B (bf16), 32k tokens decoded", 32, 8, 128, 4096, 32768, 1, 2),
+    ("toy fp32, 10 tokens with W=16", 2, 2, 8, 16, 10, 3, 4),
+    ("toy fp16, 1000 tokens with W=64", 4, 1, 16, 64, 1000, 2, 2),
+]
+
+
+def _cache_cases(gen):
+    keys = ("num_layers", "num_kv_heads", "head_dim", "window", "tokens", "batch_size", "bytes_per_element")
+    return [Case(name, params=dict(zip(keys, cfg)), ) for name, *cfg in _CACHE]
+
+
+def _cache_answer(fn, case):
+    return {"bytes": _int(fn(**case.params))}
+
+
+def _cache_bytes(p, *, length=None, factor=2):
+    length = min(p["tokens"], p["window"]) if length is None else length
+    return _int(factor * p["num_layers"] * p["batch_size"] * p["num_kv_heads"] * length * p["head_dim"]
+                * p["bytes_per_element"])
+
+
+def _cache_expected(case):
+    return {"bytes": _cache_bytes(case.params)}
+
+
+def _cache_judge(got, want, case):
+    if close(got["bytes"], want["bytes"]):
+        return Verdict(True)
+    p = case.params
+    return diagnose(got["bytes"], [
+        ("the rolling buffer never holds more than W positions: use min(tokens, window), not tokens.",
+         _cache_bytes(p, length=p["tokens"]) if p["tokens"] > p["window"] else None),
+        ("before W tokens have been decoded the buffer is not full: use min(tokens, window) (if it is "
+         "preallocated, it is still only the written slots that count here).",
+         _cache_bytes(p, length=p["window"]) if p["tokens"] < p["window"] else None),
+        ("both K and V are cached: multiply by 2.", _cache_bytes(p, factor=1)),
+    ], "bytes = 2 (K and V) · layers · batch · H_kv · min(tokens, window) · d_h · bytes per element.")
+
+
+# ---- 09_fix_sparse_attention (find the bug: seed 003's ⊙M) ----------------------------------------------
+
+def _att(q, k, v, scores_fn):
+    s = q.to(_F64) @ k.to(_F64).transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return torch.softmax(scores_fn(s), -1) @ v.to(_F64)
+
+
+def _fix_cases(gen):
+    out = []
+    for B, H, L, d, W in [(2, 2, 9, 4, 3), (1, 3, 12, 8, 4), (2, 1, 7, 4, 2)]:
+        i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
+        mask = (j <= i) & (i - j < W)
+        out.append(Case(f"B={B}, H={H}, L={L}, d={d}, sliding window W={W}",
+                        {"q": torch.randn(B, H, L, d, generator=gen), "k": torch.randn(B, H, L, d, generator=gen),
+                         "v": torch.randn(B, H, L, d, generator=gen), "mask": mask}))
+    # a non-band pattern too: global token 0 + a random sparse pattern (row 0 keeps its diagonal)
+    L = 10
+    mask = torch.rand(L, L, generator=gen) < 0.3
+    mask[:, 0] = True
+    mask |= torch.eye(L, dtype=torch.bool)
+    out.append(Case("B=1, H=2, L=10, d=4, random sparse mask + global key 0",
+                    {"q": torch.randn(1, 2, L, 4, generator=gen), "k": torch.randn(1, 2, L, 4, generator=gen),
+                     "v": torch.randn(1, 2, L, 4, generator=gen), "mask": mask}))
+    return out
+
+
+def _fix_answer(fn, case):
+    i = case.inputs
+    return {"out": fn(i["q"], i["k"], i["v"], i["mask"])}
+
+
+def _fix_expected(case):
+    i = case.inputs
+    return {"out": _att(i["q"], i["k"], i["v"], lambda s: s.masked_fill(~i["mask"], -math.inf)).to(i["q"].dtype)}
+
+
+def _fix_judge(got, want, case):
+    if close(got["out"], want["out"]):
+        return Verdict(True)
+    i = case.inputs
+    q, k, v, m = i["q"], i["k"], i["v"], i["mask"]
+    return diagnose(got["out"], [
+        ("still the ⊙M bug: multiplying the scores by a 0/1 mask sets hidden scores to 0, and exp(0) = 1 still "
+         "gives those keys weight. Hidden scores must become −∞ before the softmax (masked_fill).",
+         _att(q, k, v, lambda s: s * m)),
+        ("adding the 0/1 mask only shifts visible scores by 1; hidden keys keep their weight. Use −∞ where "
+         "the mask is False.", _att(q, k, v, lambda s: s + m)),
+        ("polarity: True = may attend, so fill −∞ where the mask is False (~mask), not where it is True.",
+         _att(q, k, v, lambda s: s.masked_fill(m, -math.inf)) if bool((~m).any(-1).all()) else None),
+        ("the scores lost their 1/√d scaling.", _att(q, k, v, lambda s: (s * math.sqrt(q.shape[-1])).masked_fill(~m, -math.inf))),
+    ], "softmax(QKᵀ/√d with −∞ where the mask is False) V.")
+
+
+EXERCISES = [
+    Exercise("09_dilated_mask", 2, "A dilated sliding-window mask by hand",
+             "a function dilated_mask(L, window, dilation) -> bool (L, L), True = may attend",
+             _dil_cases, _dil_answer, _dil_expected, _dil_judge, forbidden=FORBID_COURSE),
+    Exercise("09_window_density", 1, "Density of a causal sliding window",
+             "a function window_density(L, window) -> float", _density_cases, _density_answer, _density_expected,
+             _density_judge, forbidden=FORBID_COURSE),
+    Exercise("09_mask_mod", 2, "A mask_mod: sliding window + attention sinks",
+             "a function make_mask_mod(window, n_sink) returning mask_mod(b, h, q_idx, kv_idx) -> bool tensor",
+             _mm_cases, _mm_answer, _mm_expected, _mm_judge, forbidden=FORBID_COURSE),
+    Exercise("09_receptive_field", 1, "Receptive field of a stack of windowed layers",
+             "a function receptive_field(num_layers, window, seq_len) -> int", _rf_cases, _rf_answer, _rf_expected,
+             _rf_judge, forbidden=FORBID_COURSE),
+    Exercise("09_rolling_cache_bytes", 1, "Bytes of a rolling-buffer KV cache",
+             "a function rolling_cache_bytes(num_layers, num_kv_heads, head_dim, window, tokens, batch_size, "
+             "bytes_per_element) -> int", _cache_cases, _cache_answer, _cache_expected, _cache_judge,
+             forbidden=FORBID_COURSE),
+    Exercise("09_fix_sparse_attention", 2, "Find the bug: seed 003's softmax(QKᵀ/√d ⊙ M)",
+             "a function sparse_attention(q, k, v, mask) -> (B, H, L, d), mask bool (L, L), True = may attend",
+             _fix_cases, _fix_answer, _fix_expected, _fix_judge, forbidden=FORBID_SDPA + FORBID_COURSE),
+]

@@ -1,0 +1,26 @@
+"""demos.sparse: the local task is solved by a window; the first-token task needs the global token."""
+import pytest
+import torch
+
+from attn_course import masks
+from attn_course.demos.sparse import MaskedAttentionModel, SparseTask, accuracy_by_position, train_masked
+
+
+def test_sample_targets():
+    x, y = SparseTask("shift", seq_len=10, shift=3).sample(torch.Generator().manual_seed(0), 4)
+    assert torch.equal(y[:, 3:], x[:, :-3]) and bool((y[:, :3] == -100).all())
+    x, y = SparseTask("first", seq_len=10).sample(torch.Generator().manual_seed(0), 4)
+    assert torch.equal(y[:, 1:], x[:, :1].expand(4, 9)) and bool((y[:, 0] == -100).all())
+    with pytest.raises(ValueError, match="kind"):
+        SparseTask("middle")
+    with pytest.raises(ValueError, match="mask"):
+        MaskedAttentionModel(8, 10, torch.ones(9, 9, dtype=torch.bool))
+
+
+def test_first_token_needs_a_global_token():
+    task, L = SparseTask("first", seq_len=16), 16
+    local = train_masked(task, masks.sliding_window_mask(L, 3, causal=False), steps=120, progress=False)
+    glob = train_masked(task, masks.global_local_mask(L, 3, [0]), steps=120, progress=False)
+    a_local, a_glob = accuracy_by_position(local, task), accuracy_by_position(glob, task)
+    assert float(a_local[3:].mean()) < 0.2 < 0.95 < float(a_glob[3:].mean())
+    assert bool(a_local[0].isnan())
