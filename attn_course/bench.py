@@ -373,9 +373,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[argv.index("--suite") + 1:][:1] == ["sparse"] if "--suite" in argv else False:   # lesson 09's suite
-        from .bench_sparse import main as sparse_main
-        return sparse_main([a for i, a in enumerate(argv) if i not in (argv.index("--suite"), argv.index("--suite") + 1)])
     args = _parser().parse_args(argv)
     if args.worker:
         print(json.dumps(measure(**json.loads(args.worker))))

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from attn_course import bench
+from attn_course.grading import cli
 from attn_course.bench_sparse import (RECORDED_SPARSE_CPU, SPARSE_METHODS, check_sparse, format_sparse,
                                       load_recorded_sparse, measure_sparse)
 
@@ -44,7 +45,7 @@ def test_recorded_run_is_complete_and_meets_the_targets():
 
 def test_cli_dispatches_the_sparse_suite(tmp_path, capsys):
     out = tmp_path / "run.json"
-    rc = bench.main(["--suite", "sparse", "--lengths", "256", "--methods", "sdpa_mask", "flash_window",
+    rc = cli.main(["bench", "--suite", "sparse", "--lengths", "256", "--methods", "sdpa_mask", "flash_window",
                      "--window", "32", "--heads", "1", "--dim", "8", "--block", "64", "--repeats", "1",
                      "--quiet", "--json", str(out)])
     assert rc == 0

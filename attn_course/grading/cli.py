@@ -30,14 +30,15 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("ring", help="ring attention on P local processes (forwarded to attn_course.ring)",
                    add_help=False).add_argument("args", nargs=argparse.REMAINDER)
-    b = sub.add_parser("bench", help="benchmarks: --suite attention (default, attn_course.bench) or linear "
-                       "(attn_course.bench_linear)", add_help=False)
+    b = sub.add_parser("bench", help="benchmarks: --suite attention (default, attn_course.bench), linear "
+                       "(attn_course.bench_linear) or sparse (attn_course.bench_sparse)", add_help=False)
     b.add_argument("args", nargs=argparse.REMAINDER)
     return p
 
 
 # ``attn-course bench --suite NAME ...``: which module's main() gets the remaining arguments
-_BENCH_SUITES = {"attention": "attn_course.bench", "linear": "attn_course.bench_linear"}
+_BENCH_SUITES = {"attention": "attn_course.bench", "linear": "attn_course.bench_linear",
+                 "sparse": "attn_course.bench_sparse"}
 
 
 def _bench_suite(args: list[str]) -> tuple[list[str], str | None]:
