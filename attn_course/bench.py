@@ -371,6 +371,21 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def finish(args, rows: list[dict], check) -> int:
+    """The common end of every suite's ``main``: write ``--json`` (the arguments and rows), and with
+    ``--check`` print PASS/FAIL per target (``check(rows) -> [(description, value, ok)]``); exit status."""
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": {k: v for k, v in vars(args).items() if k != "worker"}, "rows": rows}, f, indent=1)
+    if args.check:
+        results = check(rows)
+        print()
+        for desc, value, ok in results:
+            print(f"{'PASS' if ok else 'FAIL'}  {desc}  (measured {'—' if value is None else f'{value:.3f}'})")
+        return 0 if all(ok for _, _, ok in results) else 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
@@ -398,16 +413,7 @@ def main(argv: list[str] | None = None) -> int:
           f"time: median of {args.repeats} after {args.warmup} warm-up; memory: peak extra "
           f"({'allocator peak' if args.device.startswith('cuda') else 'RSS rise, fresh process'})")
     print(format_table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": {k: v for k, v in vars(args).items() if k != "worker"}, "rows": rows}, f, indent=1)
-    if args.check:
-        results = check_targets(rows)
-        print()
-        for desc, value, ok in results:
-            print(f"{'PASS' if ok else 'FAIL'}  {desc}  (measured {'—' if value is None else f'{value:.3f}'})")
-        return 0 if all(ok for _, _, ok in results) else 1
-    return 0
+    return finish(args, rows, check_targets)
 
 
 if __name__ == "__main__":

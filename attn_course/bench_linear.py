@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from .bench import _mallopt_mmap_threshold, _peak_rss_bytes, _reset_peak_rss, _rss_bytes
+from .bench import _mallopt_mmap_threshold, _peak_rss_bytes, _reset_peak_rss, _rss_bytes, finish
 
 __all__ = ["main", "measure", "run_benchmark", "table_rows", "format_table", "check_targets", "load_recorded",
            "RECORDED_CPU", "METHODS", "TARGETS"]
@@ -241,16 +241,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.repeats}; memory: peak extra "
           f"({'allocator peak' if args.device.startswith('cuda') else 'RSS rise, fresh process'})")
     print(format_table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": {k: v for k, v in vars(args).items() if k != "worker"}, "rows": rows}, f, indent=1)
-    if args.check:
-        results = check_targets(rows)
-        print()
-        for desc, value, ok in results:
-            print(f"{'PASS' if ok else 'FAIL'}  {desc}  (measured {'—' if value is None else f'{value:.3f}'})")
-        return 0 if all(ok for _, _, ok in results) else 1
-    return 0
+    return finish(args, rows, check_targets)
 
 
 if __name__ == "__main__":
