@@ -2,6 +2,10 @@
 import os
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+# Triton reads its interpreter flag when it is first imported, and FlexAttention/inductor tests import it
+# long before test_flash_triton.py runs: set the flag before ANY test module is collected, so lesson 08's
+# Triton kernels always run on CPU under the interpreter (CPU inductor kernels are C++, not Triton).
+os.environ["TRITON_INTERPRET"] = "1"
 
 import matplotlib  # noqa: E402
 import pytest  # noqa: E402
