@@ -45,6 +45,7 @@ from pathlib import Path
 
 __all__ = ["main", "measure", "largest_tensor_created", "run_benchmark", "format_table", "check_targets",
            "load_recorded", "RECORDED_CPU", "METHODS", "TARGETS", "time_call", "median_time", "default_device",
+           "finish", "measure_in_subprocess",
            "SDPA_BACKENDS"]
 
 METHODS = ("naive", "flash", "sdpa")
@@ -252,8 +253,11 @@ def _measure(method, L, mode, causal, batch, heads, dim, block, dtype, device, r
             "times_s": timing["times_s"], "time_s": timing["time_s"], "mem_bytes": int(mem)}
 
 
-def _measure_in_subprocess(method: str, timeout: float, **kw) -> dict:
-    cmd = [sys.executable, "-m", "attn_course.bench", "--worker", json.dumps({"method": method, **kw})]
+def measure_in_subprocess(module: str, method: str, timeout: float, **kw) -> dict:
+    """Run ``python -m <module> --worker <json>`` (a fresh process, so allocator caches and lazily loaded
+    code never leak between cells) and return the JSON dict its last line prints, or an ``error`` entry
+    after a crash or ``timeout`` seconds. Every benchmark suite measures its cells this way."""
+    cmd = [sys.executable, "-m", module, "--worker", json.dumps({"method": method, **kw})]
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -262,6 +266,10 @@ def _measure_in_subprocess(method: str, timeout: float, **kw) -> dict:
         tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
         return {"method": method, "error": f"exit {res.returncode}: {tail}"}
     return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _measure_in_subprocess(method: str, timeout: float, **kw) -> dict:
+    return measure_in_subprocess("attn_course.bench", method, timeout, **kw)
 
 
 def run_benchmark(*, lengths=(512, 1024, 2048, 4096, 8192), modes=("fwd", "fwd+bwd"), causal=(False, True),

@@ -23,12 +23,12 @@ import argparse
 import json
 import math
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from .bench import _mallopt_mmap_threshold, _peak_rss_bytes, _reset_peak_rss, _rss_bytes, finish
+from .bench import (_mallopt_mmap_threshold, _peak_rss_bytes, _reset_peak_rss, _rss_bytes, finish,
+                    measure_in_subprocess)
 
 __all__ = ["main", "measure", "run_benchmark", "table_rows", "format_table", "check_targets", "load_recorded",
            "RECORDED_CPU", "METHODS", "TARGETS"]
@@ -114,15 +114,7 @@ def measure(method: str, *, L: int, causal: bool = False, batch: int = 1, heads:
 
 
 def _measure_in_subprocess(method: str, timeout: float, **kw) -> dict:
-    cmd = [sys.executable, "-m", "attn_course.bench_linear", "--worker", json.dumps({"method": method, **kw})]
-    try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"method": method, "error": f"timed out after {timeout:.0f} s"}
-    if res.returncode != 0:
-        tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"method": method, "error": f"exit {res.returncode}: {tail}"}
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return measure_in_subprocess("attn_course.bench_linear", method, timeout, **kw)
 
 
 def run_benchmark(*, lengths=(1024, 2048, 4096, 8192), causal=(False, True), methods=METHODS,

@@ -21,12 +21,12 @@ import argparse
 import json
 import math
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from .bench import _mallopt_mmap_threshold, _peak_rss_bytes, _reset_peak_rss, _rss_bytes, finish
+from .bench import (_mallopt_mmap_threshold, _peak_rss_bytes, _reset_peak_rss, _rss_bytes, finish,
+                    measure_in_subprocess)
 
 __all__ = ["main", "measure_sparse", "run_sparse", "format_sparse", "check_sparse", "load_recorded_sparse",
            "SPARSE_METHODS", "SPARSE_TARGETS", "RECORDED_SPARSE_CPU"]
@@ -127,15 +127,7 @@ def measure_sparse(method: str, *, L: int, window: int = 256, batch: int = 1, he
 
 
 def _in_subprocess(method: str, timeout: float, **kw) -> dict:
-    cmd = [sys.executable, "-m", "attn_course.bench_sparse", "--worker", json.dumps({"method": method, **kw})]
-    try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"method": method, "error": f"timed out after {timeout:.0f} s"}
-    if res.returncode != 0:
-        tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"method": method, "error": f"exit {res.returncode}: {tail}"}
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return measure_in_subprocess("attn_course.bench_sparse", method, timeout, **kw)
 
 
 def run_sparse(*, lengths=(1024, 2048, 4096, 8192), methods=SPARSE_METHODS, naive_max: int = 4096,
