@@ -93,3 +93,25 @@ def test_training_restores_thread_count():
 def test_value_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_progress_in_a_kernel_is_a_widget_whose_saved_text_is_deterministic(monkeypatch):
+    """In a notebook kernel ``fit`` shows an ipywidgets bar; its text/plain (what nbval compares and
+    what an unrun notebook shows) names the task and the step count, not a half-drawn ``HBox(...)``."""
+    import types
+
+    import IPython
+    import IPython.display
+
+    from attn_course.demos import _train
+
+    shown = []
+    monkeypatch.setattr(IPython, "get_ipython", lambda: types.SimpleNamespace(kernel=object()))
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    model = torch.nn.Linear(3, 2)
+    sample = lambda g: (torch.randn(4, 3, generator=g), torch.randint(0, 2, (4,), generator=g))
+    losses = _train.fit(model, sample, steps=7, desc="toy")
+    (box,) = shown
+    assert box._repr_mimebundle_()["text/plain"] == "toy: 7 training steps"
+    bar, label = box.children
+    assert bar.value == bar.max == 7 and label.value == f"7/7, loss {losses[-1]:.3f}"

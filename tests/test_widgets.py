@@ -151,3 +151,21 @@ def test_ring_explorer_counts_the_work_of_each_rank_step_by_step():
     box.controls["step"].value = 9                  # beyond P - 1: clamped, still draws
     box.controls["layout"].value = "zigzag"
     assert len(box.children[-1].outputs) == 1
+
+
+def test_displayed_explorer_carries_a_snapshot_of_its_first_figure_and_a_note(ex):
+    """What a saved, never-run notebook shows in JupyterLab (untrusted outputs use safe renderers):
+    the first figure as PNG and a one-line note, not ``VBox(children=(HTML(...``."""
+    import base64
+
+    from attn_course.widgets import SNAPSHOT_NOTE
+    ui = ex.widget()
+    first = ui.children[-1].outputs[0]["data"]["image/png"]
+    ui.controls["causal"].value = True                   # the live figure changes ...
+    assert ui.children[-1].outputs[0]["data"]["image/png"] != first
+    bundle = ui._repr_mimebundle_()
+    assert bundle["image/png"] == first                  # ... the snapshot stays the first state
+    assert base64.b64decode(first)[:8] == b"\x89PNG\r\n\x1a\n"
+    assert bundle["text/plain"] == f"{SNAPSHOT_NOTE} (Scaled dot-product attention explorer)"
+    assert "VBox" not in bundle["text/plain"]
+    assert "application/vnd.jupyter.widget-view+json" in bundle   # the live widget when the kernel runs

@@ -1,4 +1,4 @@
-"""The one training loop every tiny demo shares: seeded, CPU-fast, with a tqdm progress bar."""
+"""The one training loop every tiny demo shares: seeded, CPU-fast, with a progress bar."""
 from __future__ import annotations
 
 from typing import Callable
@@ -18,6 +18,52 @@ def token_accuracy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: in
     return (logits.argmax(-1)[keep] == targets[keep]).float().mean().item()
 
 
+class _Bar:
+    """Progress of ``steps`` training steps: a widget in a notebook kernel, tqdm in a terminal.
+
+    The widget's saved output reads ``"<desc>: <steps> training steps"`` (deterministic, so nbval
+    can compare it, and what a not-yet-run notebook shows instead of ``HBox(children=...``).
+    """
+
+    def __init__(self, steps: int, desc: str, enabled: bool):
+        self.steps, self.desc, self.widget, self.tqdm = steps, desc, None, None
+        if not enabled:
+            return
+        try:
+            from IPython import get_ipython
+            in_kernel = getattr(get_ipython(), "kernel", None) is not None
+        except ImportError:
+            in_kernel = False
+        if in_kernel:
+            import ipywidgets as W
+            from IPython.display import display
+
+            class Progress(W.HBox):
+                def _repr_mimebundle_(box, **kwargs):
+                    return {**super()._repr_mimebundle_(**kwargs), "text/plain": f"{desc}: {steps} training steps"}
+
+            self.bar = W.IntProgress(value=0, min=0, max=steps, description=desc,
+                                     style={"description_width": "initial"})
+            self.label = W.Label(f"0/{steps}")
+            self.widget = Progress([self.bar, self.label])
+            display(self.widget)
+        else:
+            from tqdm import tqdm
+            self.tqdm = tqdm(total=steps, desc=desc, leave=False)
+
+    def update(self, step: int, loss: float):
+        if self.widget is not None and (step == self.steps or step % max(1, self.steps // 50) == 0):
+            self.bar.value = step
+            self.label.value = f"{step}/{self.steps}, loss {loss:.3f}"
+        elif self.tqdm is not None:
+            self.tqdm.update(1)
+            self.tqdm.set_postfix(loss=f"{loss:.3f}", refresh=False)
+
+    def close(self):
+        if self.tqdm is not None:
+            self.tqdm.close()
+
+
 def fit(model: nn.Module, sample: Callable[[torch.Generator], Batch], *, steps: int, lr: float = 3e-3,
         seed: int = 0, progress: bool = True, desc: str = "training",
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
@@ -32,8 +78,6 @@ def fit(model: nn.Module, sample: Callable[[torch.Generator], Batch], *, steps: 
     ``forward(model, x)`` defaults to ``model(x)``; ``loss_fn(logits, y)`` defaults to token-level
     cross-entropy over the last axis.
     """
-    from tqdm.auto import tqdm
-
     gen = torch.Generator().manual_seed(seed)
     loss_fn = loss_fn or (lambda logits, y: F.cross_entropy(logits.flatten(0, -2), y.flatten()))
     forward = forward or (lambda m, x: m(x))
@@ -44,9 +88,9 @@ def fit(model: nn.Module, sample: Callable[[torch.Generator], Batch], *, steps: 
     torch.set_num_threads(1)
     model.train()
     losses = []
+    bar = _Bar(steps, desc, progress)
     try:
-        bar = tqdm(range(steps), desc=desc, disable=not progress, leave=False)
-        for _ in bar:
+        for step in range(1, steps + 1):
             x, y = sample(gen)
             loss = loss_fn(forward(model, x.to(device)), y.to(device))
             opt.zero_grad(set_to_none=True)
@@ -54,8 +98,9 @@ def fit(model: nn.Module, sample: Callable[[torch.Generator], Batch], *, steps: 
             opt.step()
             sched.step()
             losses.append(loss.item())
-            bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+            bar.update(step, losses[-1])
     finally:
+        bar.close()
         torch.set_num_threads(threads)
         model.eval()
     return losses

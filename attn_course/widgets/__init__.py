@@ -12,6 +12,7 @@ masks, query selector). Other lessons add ``attn_course/widgets/<topic>.py``.
 """
 from __future__ import annotations
 
+import base64
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -21,7 +22,33 @@ import torch
 from ..functional import attention
 from ..masks import causal_mask, combine
 
-__all__ = ["interactive_figure", "AttentionExplorer", "ExplorerView"]
+__all__ = ["interactive_figure", "AttentionExplorer", "ExplorerView", "SNAPSHOT_NOTE"]
+
+
+SNAPSHOT_NOTE = "Interactive explorer: run this cell to use its controls. The picture is its first state."
+
+
+def _explorer_box():
+    """A ``VBox`` whose saved output also carries a PNG of its first figure and a one-line note.
+
+    JupyterLab shows an untrusted (never-run) notebook's outputs with a safe renderer, so a plain
+    widget shows its text repr (``VBox(children=(HTML(...``). Putting ``image/png`` in the bundle makes
+    the committed notebook show the figure until the cell runs; once it runs, the live widget wins.
+    """
+    import ipywidgets as W
+
+    class Explorer(W.VBox):
+        snapshot: dict | None = None          # the first figure's {"image/png": ...} bundle
+        note: str = SNAPSHOT_NOTE
+
+        def _repr_mimebundle_(self, **kwargs):
+            bundle = super()._repr_mimebundle_(**kwargs)
+            bundle["text/plain"] = f"{self.note} ({self.title})" if self.title else self.note
+            if self.snapshot:
+                bundle.update(self.snapshot)
+            return bundle
+
+    return Explorer
 
 
 def interactive_figure(render: Callable[..., "object"], controls: dict, *, title: str | None = None):
@@ -29,27 +56,40 @@ def interactive_figure(render: Callable[..., "object"], controls: dict, *, title
 
     ``render(**{name: control.value})`` must return a matplotlib Figure; it is called once now and
     again whenever a control's value changes, and its figure replaces the previous one. The box
-    exposes ``.controls`` (the dict) and ``.redraw()`` so that code and tests can drive it.
+    exposes ``.controls`` (the dict) and ``.redraw()`` so that code and tests can drive it. Displayed,
+    it is the live widget plus a PNG snapshot of the first figure and a note (what a saved, not yet
+    run notebook shows instead of the widget's text repr).
     """
     import ipywidgets as W
     import matplotlib.pyplot as plt
     from IPython.core.interactiveshell import InteractiveShell
+    from IPython.core.pylabtools import print_figure
 
+    for c in controls.values():              # labels at their natural width, never cut to "temperat…"
+        if getattr(c, "description", "") and hasattr(c, "style") and hasattr(c.style, "description_width"):
+            c.style.description_width = "initial"
     out = W.Output()
+    header = [W.HTML(f"<b>{title}</b>")] if title else []
+    row = W.HBox(list(controls.values()), layout=W.Layout(flex_flow="row wrap"))
+    box = _explorer_box()([*header, row, out])
+    box.title = title
 
     def redraw(_change=None):
         fig = render(**{name: c.value for name, c in controls.items()})
         # Set the Output's state directly (not `with out: display(...)`, which relies on a frontend
         # routing messages): works the same in JupyterLab, nbconvert, nbval and tests.
         data, metadata = InteractiveShell.instance().display_formatter.format(fig)
+        if "image/png" not in data:          # no inline backend (scripts, tests): draw the PNG here
+            png = print_figure(fig, "png")   # None for a figure with nothing drawn
+            if png:
+                data = {**data, "image/png": base64.b64encode(png).decode("ascii")}
         out.outputs = ({"output_type": "display_data", "data": data, "metadata": metadata},)
+        if box.snapshot is None and "image/png" in data:
+            box.snapshot = {"image/png": data["image/png"]}
         plt.close(fig)                       # shown once, inside the Output, not again at cell end
 
     for c in controls.values():
         c.observe(redraw, names="value")
-    header = [W.HTML(f"<b>{title}</b>")] if title else []
-    row = W.HBox(list(controls.values()), layout=W.Layout(flex_flow="row wrap"))
-    box = W.VBox([*header, row, out])
     box.controls, box.redraw = controls, redraw
     redraw()
     return box

@@ -36,29 +36,25 @@ def vision_explorer(image: torch.Tensor | None = None):
     """Dropdown (kept channel) and two switches (channel gate, spatial gate) over a photo; returns the widget."""
     import ipywidgets as W
     import matplotlib.pyplot as plt
-    from IPython.display import display
 
     from ..viz.vision import plot_channel_weights, plot_spatial_overlay
+    from . import interactive_figure
 
     image = load_photo() if image is None else image
     features = photo_features(image)
-    pick = W.Dropdown(options=[(n, i) for i, n in enumerate(FEATURE_NAMES)], value=0, description="keep")
-    use_c = W.Checkbox(value=True, description="channel gate")
-    use_s = W.Checkbox(value=True, description="spatial gate")
-    out = W.Output()
 
-    def redraw(*_):
-        view = cbam_view(features, pick.value, channel_gate=use_c.value, spatial_gate=use_s.value)
-        with out:
-            out.clear_output(wait=True)
-            fig, (a0, a1) = plt.subplots(1, 2, figsize=(9, 3.8), width_ratios=[1.2, 1], layout="constrained")
-            plot_spatial_overlay(image, view["spatial"], ax=a0, title="spatial gate $M_s$ over the photo")
-            plot_channel_weights(view["channel"], labels=FEATURE_NAMES, ax=a1, highlight=pick.value,
-                                 title="channel gate $M_c$")
-            display(fig)
-            plt.close(fig)
+    def render(emphasise, channel_gate, spatial_gate):
+        view = cbam_view(features, emphasise, channel_gate=channel_gate, spatial_gate=spatial_gate)
+        fig, (a0, a1) = plt.subplots(1, 2, figsize=(9, 3.8), width_ratios=[1.2, 1], layout="constrained")
+        plot_spatial_overlay(image, view["spatial"], ax=a0, title="spatial gate $M_s$ over the photo")
+        plot_channel_weights(view["channel"], labels=FEATURE_NAMES, ax=a1, highlight=emphasise,
+                             title="channel gate $M_c$")
+        return fig
 
-    for w in (pick, use_c, use_s):
-        w.observe(redraw, names="value")
-    redraw()
-    return W.VBox([W.HBox([pick, use_c, use_s]), out])
+    controls = {
+        "emphasise": W.Dropdown(options=[(n, i) for i, n in enumerate(FEATURE_NAMES)], value=0,
+                                description="keep"),
+        "channel_gate": W.Checkbox(value=True, description="channel gate"),
+        "spatial_gate": W.Checkbox(value=True, description="spatial gate"),
+    }
+    return interactive_figure(render, controls, title="CBAM: what (channel) and where (spatial)")
