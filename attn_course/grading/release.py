@@ -105,10 +105,13 @@ def _number(points: float):
 
 
 def _test_cells(nb):
-    """``[(exercise id, cell)]`` for every code cell holding a top-level ``check("<id>", ...)`` call."""
+    """``[(exercise ids, cell)]`` for every code cell holding a top-level ``check("<id>", ...)`` call that
+    is not an exercise cell (whatever its metadata says, e.g. a check cell wrongly marked as a solution)."""
+    from .exercises import registry
+    reg = registry()
     found = []
     for cell in nb.cells:
-        if cell.cell_type == "code" and nbk.grade_id(cell) is None:
+        if cell.cell_type == "code" and nbk.grade_id(cell) not in reg:
             ids = [step[1] for step in nbk.split_checks(nbk.source_of(cell)) if step[0] == "capture"]
             if ids:
                 found.append((ids, cell))
