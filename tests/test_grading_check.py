@@ -194,6 +194,7 @@ def test_nbgrader_autograde_draws_held_out_inputs(monkeypatch, capsys):
     r2 = check("01_attention_by_hand", _recording(again))
     out = capsys.readouterr().out
     assert r1.held_out and r1.passed and r1.score == r2.score == 3
+    assert "score on held-out inputs" in r1._repr_html_() and "self-check score" in r._repr_html_()
     assert "held-out inputs" in out and "not your grade" in out     # the self-check runs said so, not these
     assert len(held) == len(seen) == 5
     assert not any(a.shape == b.shape and torch.equal(a, b) for a, b in zip(held, seen))   # fresh inputs

@@ -114,7 +114,8 @@ class CheckResult:
         p.text(f"{self.score:g}")
 
     def _repr_html_(self) -> str:
-        return (f'<span style="font-family: monospace; color: #555">self-check score: '
+        label = "score on held-out inputs" if self.held_out else "self-check score"
+        return (f'<span style="font-family: monospace; color: #555">{label}: '
                 f'<b>{self.score:g}</b> / {self.max_score:g}</span>')
 
 
