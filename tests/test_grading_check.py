@@ -115,10 +115,96 @@ def test_global_rng_untouched():
     assert torch.equal(torch.rand(3), expected)
 
 
-def test_result_is_not_displayed_twice():
+def test_result_shows_as_its_score_for_nbgrader():
+    """In IPython a check cell's value is the score: nbgrader reads that number (text/plain) as the
+    partial credit of the autograder-test cell; the report itself was shown by check()."""
+    from IPython.core.formatters import DisplayFormatter
+    from nbgrader.utils import get_partial_grade
     result = check("01_predict_shapes", lambda q, k, v: ((*q[:3], v[3]), (*q[:3], k[2])))
-    assert result._ipython_display_() is None
     assert repr(result) == "CheckResult('01_predict_shapes': 3/3 cases, 1/1 points, checked)"
+    partial = check("01_attention_by_hand", lambda q, k, v, m=None: attention(q, k, v, None))
+    stub = check("01_attention_by_hand", lambda q, k, v, m=None: (_ for _ in ()).throw(NotImplementedError()))
+    for r, score in ((result, 1.0), (partial, partial.score), (stub, 0.0)):
+        data, _ = DisplayFormatter().format(r)
+        assert data["text/plain"] == f"{score:g}"
+        assert get_partial_grade({"data": data}, r.max_score) == score
+    assert 0 < partial.score < partial.max_score
+
+
+def test_report_is_html_in_a_notebook():
+    from attn_course.grading.exercises import get
+    from attn_course.grading.selfcheck import _Report
+    ex = get("01_attention_by_hand")
+    result = check("01_attention_by_hand", lambda q, k, v, m=None: attention(q, k, v, None))
+    html = _Report(ex, result)._repr_html_()
+    assert html.count("<li") == len(result.cases) + 1
+    assert "✓ no mask, one head" in html and "✗ causal mask" in html
+    assert "ignores the mask" in html and "&lt;" not in repr(_Report(ex, result))
+
+
+def test_nothing_reaches_stderr(capfd):
+    """nbgrader gives 0 to a test cell with stderr output: the learner's prints to stderr, native writes
+    to file descriptor 2 and warnings are captured by check() and listed in its report instead."""
+    import os
+    import sys
+    import warnings
+
+    def noisy(q, k, v, mask=None):
+        print("debug: shapes", tuple(q.shape), file=sys.stderr)
+        os.write(2, b"native noise\n")
+        warnings.warn("my own warning", UserWarning)
+        torch.tensor(torch.tensor([1.0]))         # torch's own UserWarning ("To copy construct ...")
+        return attention(q, k, v, mask)
+
+    result = check("01_attention_by_hand", noisy)
+    out, err = capfd.readouterr()
+    assert err == ""
+    assert result.passed and result.score == 3
+    assert "debug: shapes" in out and "native noise" in out and "UserWarning: my own warning" in out
+    assert "UserWarning: To copy construct from a tensor" in out
+    assert out.count("my own warning") == 1                    # deduplicated across the cases
+    print("after", file=sys.stderr)                              # stderr works again afterwards
+    os.write(2, b"fd after\n")
+    assert capfd.readouterr().err == "after\nfd after\n"
+
+
+def _recording(calls):
+    def my_attention(q, k, v, mask=None):
+        calls.append(q.clone())
+        return attention(q, k, v, mask)
+    return my_attention
+
+
+def test_nbgrader_autograde_draws_held_out_inputs(monkeypatch, capsys):
+    """Under nbgrader autograde (NBGRADER_EXECUTION=autograde) the cases are not the self-check's, and
+    the same submission always gets the same ones: those attn-course grade draws for that cell."""
+    import inspect
+
+    from attn_course.grading.selfcheck import SELF_CHECK_SEED, case_seed, held_out_seed
+    ex = get("01_attention_by_hand")
+    seen, held, again = [], [], []
+    fn = _recording(seen)
+    check("01_attention_by_hand", fn)
+    monkeypatch.setenv("NBGRADER_EXECUTION", "validate")       # validating: the learner's own cases
+    validated = []
+    r = check("01_attention_by_hand", _recording(validated))
+    assert not r.held_out and all(torch.equal(a, b) for a, b in zip(seen, validated))
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    r1 = check("01_attention_by_hand", _recording(held))
+    r2 = check("01_attention_by_hand", _recording(again))
+    out = capsys.readouterr().out
+    assert r1.held_out and r1.passed and r1.score == r2.score == 3
+    assert "score on held-out inputs" in r1._repr_html_() and "self-check score" in r._repr_html_()
+    assert "held-out inputs" in out and "not your grade" in out     # the self-check runs said so, not these
+    assert len(held) == len(seen) == 5
+    assert not any(a.shape == b.shape and torch.equal(a, b) for a, b in zip(held, seen))   # fresh inputs
+    assert all(torch.equal(a, b) for a, b in zip(held, again))                             # deterministic
+    source = inspect.getsource(_recording([]))                  # what judged_source() finds: my_attention
+    want = ex.cases(torch.Generator().manual_seed(case_seed(ex.id, held_out_seed(source))))
+    assert all(torch.equal(a, c.inputs["q"]) for a, c in zip(held, want))
+    assert held_out_seed(source) != SELF_CHECK_SEED
+    assert held_out_seed(source + "\n\n") == held_out_seed(source.replace("\n", "  \r\n"))
+    assert held_out_seed(source) != held_out_seed(source.replace("clone()", "clone() "  + "* 1"))
 
 
 # ---- guard -------------------------------------------------------------------------------------------

@@ -132,3 +132,72 @@ def test_cli_bench_without_module_is_clear(monkeypatch, capsys):
         monkeypatch.setattr(importlib.import_module("attn_course.bench"), "main", lambda argv: calls.append(argv))
         assert cli.main(["bench", "--x", "1"]) == 0 and calls == [["--x", "1"]]
 
+
+
+# ---- nbgrader metadata: points defined once, in the registry ----------------------------------------------
+
+TEST_CELL = {"grade": True, "grade_id": "01_attention_by_hand_test", "locked": True, "points": 3,
+             "schema_version": 3, "solution": False, "task": False}
+
+
+def test_release_writes_nbgrader_test_cells(tmp_path, capsys):
+    """The check cell becomes a locked autograder-test cell worth the Exercise's points (3 for
+    01_attention_by_hand in lesson01.py); --check names every disagreement and release repairs it."""
+    from attn_course.grading.exercises import get
+    assert get("01_attention_by_hand").points == TEST_CELL["points"]
+    (tmp_path / "solutions").mkdir()
+    path = tmp_path / "solutions" / "01_toy.ipynb"
+    nbformat.write(_toy_notebook(), str(path))
+    assert release(tmp_path, check=True) == 1
+    assert "check cell of 01_attention_by_hand has no nbgrader metadata" in capsys.readouterr().out
+    assert release(tmp_path) == 0 and release(tmp_path, check=True) == 0
+    for folder in ("solutions", "exercises"):
+        nb = nbk.read(tmp_path / folder / "01_toy.ipynb")
+        assert nb.cells[2].metadata["nbgrader"] == TEST_CELL
+        assert nb.cells[1].metadata["nbgrader"]["points"] == 3 and nb.cells[1].metadata["nbgrader"]["solution"]
+        assert "nbgrader" not in nb.cells[3].metadata
+    capsys.readouterr()
+
+    def edit(cell_no, change, message):
+        nb = nbk.read(path)
+        change(nb.cells[cell_no])
+        nbformat.write(nb, str(path))
+        assert release(tmp_path, check=True) == 1
+        out = capsys.readouterr().out
+        assert message in out and "stale: solutions/01_toy.ipynb" in out, out
+        assert release(tmp_path) == 0 and release(tmp_path, check=True) == 0
+        assert nbk.read(path).cells[2].metadata["nbgrader"] == TEST_CELL
+        capsys.readouterr()
+
+    edit(2, lambda c: c.metadata["nbgrader"].update(points=2), "points=2 (want 3)")
+    edit(2, lambda c: c.metadata["nbgrader"].update(points=3.0), "points=3.0 (want 3)")
+    edit(2, lambda c: c.metadata["nbgrader"].update(locked=False), "locked=False (want True)")
+    edit(2, lambda c: c.metadata["nbgrader"].update(grade_id="x"), "grade_id='x' (want '01_attention_by_hand_test')")
+    edit(2, lambda c: c.metadata["nbgrader"].update(solution=True), "solution=True (want False)")
+    edit(1, lambda c: c.metadata["nbgrader"].update(points=5), "exercise cell 01_attention_by_hand: points=5")
+    nb = nbk.read(path)
+    nb.cells[2].source = 'check("01_attention_by_hand", f)\nprint("done")'
+    nbformat.write(nb, str(path))
+    assert release(tmp_path, check=True) == 1
+    assert "must hold exactly one check(...) statement" in capsys.readouterr().out
+
+
+def test_course_check_cells_are_nbgrader_tests():
+    """Every check cell of solutions/ and exercises/ is a locked autograder test worth its exercise's
+    points; a lesson's test cells add up to the lesson's points in the registry."""
+    from attn_course.grading.exercises import registry
+    reg = registry()
+    for folder in ("solutions", "exercises"):
+        for path in sorted((ROOT / folder).glob("*.ipynb")):
+            nb = nbk.read(path)
+            tests = {}
+            for cell in nb.cells:
+                steps = nbk.split_checks(nbk.source_of(cell)) if cell.cell_type == "code" else []
+                if any(s[0] == "capture" for s in steps):
+                    assert len(steps) == 1, (path.name, cell.source)
+                    meta = cell.metadata["nbgrader"]
+                    assert meta["grade_id"] == f"{steps[0][1]}_test", (path.name, meta)
+                    assert meta["grade"] and meta["locked"] and not meta["solution"], (path.name, meta)
+                    tests[steps[0][1]] = meta["points"]
+            lesson = {i: e.points for i, e in reg.items() if i.startswith(path.name[:3])}
+            assert tests == lesson, (path.name, tests, lesson)

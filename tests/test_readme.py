@@ -9,8 +9,10 @@ ROW = re.compile(r"^\| (\d\d) \| \[[^\]]+\]\((notebooks/[^)]+\.ipynb)\) \|.*\| â
 
 
 def _grade_ids(path: Path) -> list[str]:
+    """The exercises: nbgrader solution cells (each check cell beside one is an autograder test)."""
     cells = json.loads(path.read_text())["cells"]
-    return [c["metadata"]["nbgrader"]["grade_id"] for c in cells if "nbgrader" in c.get("metadata", {})]
+    return [c["metadata"]["nbgrader"]["grade_id"] for c in cells
+            if c.get("metadata", {}).get("nbgrader", {}).get("solution")]
 
 
 def test_lesson_table_matches_the_notebooks():

@@ -6,6 +6,13 @@ cell and its ``check(...)`` cell lose their outputs and execution counts. Everyt
 metadata, the nbgrader metadata of the exercise cells) is kept as it is. The JSON is written by
 ``nbformat`` and is therefore deterministic, so ``--check`` compares file contents exactly.
 
+It writes the nbgrader metadata of ``solutions/`` from the exercise registry, where each exercise's points
+are defined once (``Exercise.points`` in ``attn_course/grading/exercises/lessonNN.py``): the exercise cell
+(``solution: true, grade: false``, its ``grade_id`` and points) and its ``check("<id>", obj)`` cell, a
+locked nbgrader autograder-test cell (``grade: true, locked: true, solution: false, points,
+grade_id: "<id>_test"``) whose value — the score ``check()`` returns — is the partial credit nbgrader
+records. ``--check`` reports every cell whose metadata disagrees (see :func:`grading_problems`).
+
 It also stamps the Colab install source (:mod:`attn_course._colab`, the one place naming the repository
 and the ``v<version>`` tag) into the setup cell of every notebook in ``notebooks/``, ``solutions/`` and
 ``exercises/``, and an "Open in Colab" badge for that notebook into its first markdown cell; ``--check``
@@ -21,7 +28,8 @@ import nbformat
 
 from . import notebook as nbk
 
-__all__ = ["find_root", "release_notebook", "stamp_notebook", "render", "release", "lint"]
+__all__ = ["find_root", "release_notebook", "stamp_notebook", "stamp_grading", "grading_problems",
+           "test_cell_metadata", "exercise_cell_metadata", "render", "release", "lint"]
 
 SETUP_MARKER = 'find_spec("attn_course")'
 README_BADGE_TARGET = "notebooks/01_scaled_dot_product_attention.ipynb"
@@ -78,6 +86,88 @@ def stamp_notebook(nb, path: str) -> nbformat.NotebookNode:
     return out
 
 
+def exercise_cell_metadata(exercise_id: str, points: float) -> dict:
+    """nbgrader metadata of an exercise cell: a solution cell (nbgrader ignores its points; they are kept
+    for readers, equal to the test cell's)."""
+    return {"grade": False, "grade_id": exercise_id, "locked": False, "points": _number(points),
+            "schema_version": 3, "solution": True, "task": False}
+
+
+def test_cell_metadata(exercise_id: str, points: float) -> dict:
+    """nbgrader metadata of the ``check("<id>", obj)`` cell: a locked autograder-test cell worth the
+    exercise's points. nbgrader gives it the score the cell evaluates to (``check()``'s result)."""
+    return {"grade": True, "grade_id": f"{exercise_id}_test", "locked": True, "points": _number(points),
+            "schema_version": 3, "solution": False, "task": False}
+
+
+def _number(points: float):
+    return int(points) if float(points).is_integer() else float(points)
+
+
+def _test_cells(nb):
+    """``[(exercise ids, cell)]`` for every code cell holding a top-level ``check("<id>", ...)`` call that
+    is not an exercise cell (whatever its metadata says, e.g. a check cell wrongly marked as a solution)."""
+    from .exercises import registry
+    reg = registry()
+    found = []
+    for cell in nb.cells:
+        if cell.cell_type == "code" and nbk.grade_id(cell) not in reg:
+            ids = [step[1] for step in nbk.split_checks(nbk.source_of(cell)) if step[0] == "capture"]
+            if ids:
+                found.append((ids, cell))
+    return found
+
+
+def grading_problems(nb, name: str = "") -> list[str]:
+    """Where the nbgrader metadata of a solutions notebook disagrees with the registry: an exercise cell
+    or a check cell whose points, grade_id or grade/locked/solution flags differ from
+    :func:`exercise_cell_metadata` / :func:`test_cell_metadata`; a check cell that is not exactly one
+    ``check("<id>", obj)`` statement (its value must be the score). Empty when :func:`stamp_grading`
+    would change nothing."""
+    from .exercises import registry
+    reg = registry()
+    problems = []
+
+    def compare(cell, want, what):
+        have = cell.metadata.get("nbgrader")
+        if not isinstance(have, dict):
+            problems.append(f"{name}: {what} has no nbgrader metadata (want {want})")
+            return
+        diff = [f"{k}={have.get(k)!r} (want {v!r})" for k, v in want.items() if have.get(k) != v
+                or type(have.get(k)) is not type(v)]
+        diff += [f"unexpected {k}={have[k]!r}" for k in have if k not in want]
+        if diff:
+            problems.append(f"{name}: {what}: " + ", ".join(diff))
+
+    for gid, cell in nbk.exercise_cells(nb).items():
+        if gid in reg:
+            compare(cell, exercise_cell_metadata(gid, reg[gid].points), f"exercise cell {gid}")
+    for ids, cell in _test_cells(nb):
+        steps = nbk.split_checks(nbk.source_of(cell))
+        if len(steps) != 1:
+            problems.append(f"{name}: check cell of {', '.join(ids)}: must hold exactly one check(...) "
+                            f"statement and nothing else (its value is the score nbgrader reads)")
+            continue
+        if ids[0] in reg:
+            compare(cell, test_cell_metadata(ids[0], reg[ids[0]].points), f"check cell of {ids[0]}")
+    return problems
+
+
+def stamp_grading(nb) -> nbformat.NotebookNode:
+    """A copy of ``nb`` whose exercise cells and check cells carry the nbgrader metadata the registry
+    implies (:func:`exercise_cell_metadata`, :func:`test_cell_metadata`); other cells are unchanged."""
+    from .exercises import registry
+    reg = registry()
+    out = copy.deepcopy(nb)
+    for gid, cell in nbk.exercise_cells(out).items():
+        if gid in reg:
+            cell.metadata["nbgrader"] = exercise_cell_metadata(gid, reg[gid].points)
+    for ids, cell in _test_cells(out):
+        if len(ids) == 1 and len(nbk.split_checks(nbk.source_of(cell))) == 1 and ids[0] in reg:
+            cell.metadata["nbgrader"] = test_cell_metadata(ids[0], reg[ids[0]].points)
+    return out
+
+
 def _markdown_stub(src: str) -> str:
     lines = src.split("\n")
     out, pos = [], 0
@@ -127,16 +217,22 @@ def lint(nb, name: str = "") -> list[str]:
 def release(root: str | Path | None = None, *, check: bool = False, stream=None) -> int:
     """Stamp the Colab install source and badges (:func:`stamp_notebook`) and regenerate ``exercises/``
     (or, with ``check``, only compare). Returns the exit code: 1 when ``check`` finds a stale, missing or
-    orphaned exercises notebook or a stale Colab stamp (notebooks/, solutions/, README), else 0. Authoring problems
+    orphaned exercises notebook, a stale Colab stamp (notebooks/, solutions/, README) or nbgrader
+    metadata of ``solutions/`` that disagrees with the registry (:func:`grading_problems`), else 0. Authoring problems
     (see :func:`lint`) are printed as warnings."""
     stream = stream or sys.stdout
     root = Path(root) if root is not None else find_root()
     sol_dir, ex_dir = root / "solutions", root / "exercises"
     sources = sorted(sol_dir.glob("*.ipynb"))
     stale = []
+    metadata_problems = []
     for folder in STAMPED_FOLDERS:                                  # the Colab stamp, in place
         for path in sorted((root / folder).glob("*.ipynb")):
-            text = render(stamp_notebook(nbk.read(path), f"{folder}/{path.name}"))
+            nb = nbk.read(path)
+            if folder == "solutions":                               # nbgrader metadata from the registry
+                metadata_problems += grading_problems(nb, f"{folder}/{path.name}")
+                nb = stamp_grading(nb)
+            text = render(stamp_notebook(nb, f"{folder}/{path.name}"))
             if path.read_text(encoding="utf-8") != text:
                 stale.append(path)
                 if not check:
@@ -151,7 +247,7 @@ def release(root: str | Path | None = None, *, check: bool = False, stream=None)
             if not check:
                 readme.write_text(text, encoding="utf-8")
     for path in sources:
-        nb = stamp_notebook(nbk.read(path), f"solutions/{path.name}")
+        nb = stamp_notebook(stamp_grading(nbk.read(path)), f"solutions/{path.name}")
         for problem in lint(nb, path.name):
             print(f"warning: {problem}", file=sys.stderr)
         text = render(stamp_notebook(release_notebook(nb), f"exercises/{path.name}"))
@@ -165,14 +261,17 @@ def release(root: str | Path | None = None, *, check: bool = False, stream=None)
             target.write_text(text, encoding="utf-8")
     orphans = sorted(p for p in ex_dir.glob("*.ipynb") if not (sol_dir / p.name).exists()) if ex_dir.is_dir() else []
     if check:
+        for problem in metadata_problems:
+            print(f"nbgrader metadata: {problem}", file=stream)
         for p in stale:
-            what = "exercises notebook" if p.parent == ex_dir else "Colab stamp"
+            what = ("exercises notebook" if p.parent == ex_dir else
+                    "nbgrader metadata or Colab stamp" if p.parent == sol_dir else "Colab stamp")
             print(f"stale: {p.relative_to(root)} ({what}; run `attn-course release`)", file=stream)
         for p in orphans:
             print(f"orphan: {p.relative_to(root)} has no solutions/{p.name}", file=stream)
         if not stale and not orphans:
             print(f"exercises/ is up to date ({len(sources)} notebooks)", file=stream)
-        return 1 if stale or orphans else 0
+        return 1 if stale or orphans or metadata_problems else 0
     for p in orphans:
         p.unlink()
         print(f"removed {p.relative_to(root)} (no solutions/{p.name})", file=stream)

@@ -8,8 +8,9 @@ For each submission the grader (this process, trusted; it never imports or execu
 2. rebuilds the program: every non-exercise cell of the trusted solutions notebook, the learner's
    exercise cells in their places (a missing one becomes the released stub), and each
    ``check("<id>", expr)`` cell turned into "capture ``expr`` for exercise ``<id>``";
-3. draws every exercise's inputs (seeded by the submission's content and the exercise id, or ``--seed``)
-   and writes them as safetensors;
+3. draws every exercise's inputs (held out: seeded by the exercise id and a hash of the learner's
+   exercise cell, :func:`~attn_course.grading.selfcheck.held_out_seed` — the inputs ``check()`` draws
+   under nbgrader autograde — or by ``--seed``) and writes them as safetensors;
 4. runs the program in a child process (:mod:`._child`): ``python -I`` (isolated), scrubbed environment,
    a fresh temporary working directory, its own session/process group, resource limits (address space,
    CPU seconds, file size, open files, core dumps) and a wall-clock timeout, after which the whole
@@ -25,7 +26,6 @@ columns), ``<student>.json`` and ``<student>.feedback.md``, each atomically (tem
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 import os
@@ -44,7 +44,7 @@ import torch
 from . import notebook as nbk
 from .exercises import registry
 from .release import find_root
-from .selfcheck import case_seed, judge_case
+from .selfcheck import case_seed, held_out_seed, judge_case
 from .spec import Case, Exercise
 
 __all__ = ["Options", "Course", "grade_batch", "grade_submission", "collect", "grade_cli"]
@@ -325,9 +325,10 @@ def _grade_into(report: dict, sub: Submission, course: Course, opts: Options) ->
     ids = course.ids[lesson]
     report["lesson"] = lesson
     report["max_score"] = course.max_score(lesson)
-    base = opts.seed if opts.seed is not None else int(hashlib.sha256(raw).hexdigest()[:15], 16)
-    report["seed"] = base
-    cases = {i: reg[i].cases(torch.Generator().manual_seed(case_seed(i, base))) for i in ids}
+    # held-out inputs: per exercise, from the learner's cell (the same as check() under nbgrader autograde)
+    bases = {i: opts.seed if opts.seed is not None else held_out_seed(sources.get(i)) for i in ids}
+    report["seeds"] = bases
+    cases = {i: reg[i].cases(torch.Generator().manual_seed(case_seed(i, bases[i]))) for i in ids}
 
     # the same static check as check(): the whole exercise cell, only real references to forbidden APIs
     static = {i: reg[i].static_findings(nbk.strip_magics(sources[i])) for i in ids if i in sources}
@@ -395,25 +396,83 @@ def _grade_into(report: dict, sub: Submission, course: Course, opts: Options) ->
 
 # ---- the batch -------------------------------------------------------------------------------------------
 
+NBGRADER_STEPS = ("submitted", "autograded", "feedback")     # nbgrader's {step}/{student}/{assignment}/
+
+
+def _student_of(f: Path) -> str | None:
+    """The student of a notebook in nbgrader's layout ``<step>/<student>/<assignment>/<notebook>.ipynb``."""
+    parts = f.parts
+    if len(parts) >= 4 and parts[-4] in NBGRADER_STEPS:
+        return parts[-3]
+    return None
+
+
+def _distinguishing_folder(group: list[Path]) -> list[str] | None:
+    """For notebooks sharing a file name: the name of the nearest enclosing folder level at which their
+    paths all differ (``class/alice/hw/lesson.ipynb`` and ``class/bob/hw/lesson.ipynb``: alice, bob)."""
+    depth = min(len(f.parts) for f in group)
+    for k in range(2, depth + 1):
+        names = [f.parts[-k] for f in group]
+        if len(set(names)) == len(names):
+            return names
+    return None
+
+
+def student_ids(files: list[Path]) -> list[str]:
+    """A unique student id per file, taken from where the file lies (see :func:`collect`)."""
+    ids: list[str | None] = [None] * len(files)
+    stems = [f.stem if f.suffix == ".ipynb" else f.name.split(".")[0] or f.name for f in files]
+    for n, f in enumerate(files):                              # 1. nbgrader's layout: the student folder
+        ids[n] = _student_of(f)
+    by_stem: dict[str, list[int]] = {}
+    for n, stem in enumerate(stems):
+        if ids[n] is None:
+            by_stem.setdefault(stem, []).append(n)
+    for stem, group in by_stem.items():
+        if len(group) == 1:                                    # 2. a unique file name: its stem
+            ids[group[0]] = stem
+            continue
+        names = _distinguishing_folder([files[n] for n in group])   # 3. shared file names: the folder
+        for j, n in enumerate(group):
+            ids[n] = names[j] if names else stem
+    count: dict[str, int] = {}
+    for sid in ids:
+        count[sid] = count.get(sid, 0) + 1
+    out, seen = [], {}
+    for n, sid in enumerate(ids):
+        if count[sid] > 1 and sid != stems[n]:                 # one student, several notebooks
+            sid = f"{sid}/{stems[n]}"
+        k = seen.get(sid, 0) + 1
+        seen[sid] = k
+        out.append(sid if k == 1 else f"{sid}_{k}")
+    return out
+
+
 def collect(paths: list[str | Path]) -> list[Submission]:
-    """Files as given; folders: every file inside (recursively, sorted; hidden files and
-    ``.ipynb_checkpoints`` skipped). Student ids are file stems, made unique with ``_2``, ``_3`` …"""
+    """The submissions under ``paths`` and their student ids.
+
+    A file given by name is graded as given (a non-notebook becomes an error row). A folder contributes
+    every ``*.ipynb`` inside it, recursively and sorted; hidden files and folders (``.ipynb_checkpoints``)
+    and non-notebook files (nbgrader's ``timestamp.txt``, notes) are ignored. Student ids:
+
+    1. nbgrader's layout ``.../submitted/<student>/<assignment>/<notebook>.ipynb`` (also ``autograded/``,
+       ``feedback/``): ``<student>``;
+    2. otherwise a notebook whose file name no other submission shares: its stem (``alice.ipynb``: alice);
+    3. notebooks sharing a file name (``alice/lesson01.ipynb``, ``bob/lesson01.ipynb``): the nearest
+       enclosing folder whose name tells them apart.
+
+    A student with several notebooks gets ``<student>/<notebook stem>``; any remaining clash ``_2``, ``_3`` …"""
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            for f in sorted(p.rglob("*")):
+            for f in sorted(p.rglob("*.ipynb")):
                 rel = f.relative_to(p).parts
                 if f.is_file() and not any(part.startswith(".") for part in rel):
                     files.append(f)
         else:
             files.append(p)
-    subs, seen = [], {}
-    for f in files:
-        stem = f.stem if f.suffix == ".ipynb" else f.name.split(".")[0] or f.name
-        n = seen.get(stem, 0) + 1
-        seen[stem] = n
-        subs.append(Submission(f, stem if n == 1 else f"{stem}_{n}"))
-    return subs
+    absolute = [Path(os.path.abspath(f)) for f in files]
+    return [Submission(f, sid) for f, sid in zip(files, student_ids(absolute))]
 
 
 def _safe_name(student_id: str) -> str:

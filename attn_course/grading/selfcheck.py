@@ -1,16 +1,34 @@
 """``check(exercise_id, obj)``: the learner's instant self-check, run in the notebook's own process.
 
-It draws the exercise's cases from a fixed seed (so its printed report is the same on every run),
-applies the learner's object, compares with the reference and prints one line per case (✓/✗ and, for a
-wrong answer, the detected misconception). It never raises for the learner's mistakes: an exception in
-the learner's code becomes one line (``TypeError: … (line 3, in attention)``), ``NotImplementedError``
-means "not attempted yet". It is a self-check, not the grade: the instructor's grader
-(:mod:`attn_course.grading.runner`) re-runs the same cases on fresh inputs in a sandbox.
+It draws the exercise's cases from a fixed seed (so its report is the same on every run), applies the
+learner's object, compares with the reference and shows one line per case (✓/✗ and, for a wrong answer,
+the detected misconception): as HTML in a notebook, as text elsewhere. It never raises for the learner's
+mistakes: an exception in the learner's code becomes one line (``TypeError: … (line 3, in attention)``),
+``NotImplementedError`` means "not attempted yet". It is a self-check, not the grade: the instructor's
+grader (:mod:`attn_course.grading.runner`) re-runs the same cases on fresh inputs in a sandbox.
+
+nbgrader (an autograder-test cell ``check("<id>", obj)``, see docs/grading.md) reads the cell's *value*:
+the returned :class:`CheckResult` shows as the bare score (``text/plain``), which nbgrader takes as the
+cell's partial credit. Two rules keep that grade honest:
+
+* nothing reaches stderr while ``check()`` runs (nbgrader gives 0 to a test cell with stderr output):
+  the learner's prints to stderr and every warning are captured and listed in the report instead;
+* under ``nbgrader autograde`` (environment ``NBGRADER_EXECUTION=autograde``, set by nbgrader for the
+  kernel it runs) the cases are drawn from :func:`held_out_seed` of the learner's exercise cell, not from
+  the self-check's seed: fresh inputs, the same for the same submission, and the same that
+  ``attn-course grade`` draws for that cell.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import html
+import io
 import os
+import sys
+import tempfile
 import traceback
+import warnings
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,9 +39,11 @@ from .exercises import get
 from .guard import RuntimeGuard, judged_source
 from .spec import Case, Exercise, validate
 
-__all__ = ["check", "CheckResult", "CaseResult", "judge_case", "describe_exception", "case_seed"]
+__all__ = ["check", "CheckResult", "CaseResult", "judge_case", "describe_exception", "case_seed",
+           "held_out_seed", "in_nbgrader_autograde"]
 
 SELF_CHECK_SEED = 20240601
+NBGRADER_ENV = "NBGRADER_EXECUTION"          # nbgrader sets it to "autograde" (or "validate") for the kernel
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))       # .../attn_course
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
@@ -31,6 +51,28 @@ _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 def case_seed(exercise_id: str, base: int) -> int:
     """Seed of an exercise's case generator: ``base`` mixed with the id (different exercises differ)."""
     return (zlib.crc32(exercise_id.encode()) * 1_000_003 + int(base)) % (2**63 - 1)
+
+
+def _normalised(source: str) -> str:
+    """A cell's text without what an editor or IPython may change: trailing spaces, blank lines at the
+    ends, CRLF (IPython's cell cache ends every line with a newline; the notebook JSON does not)."""
+    lines = [line.rstrip() for line in source.replace("\r\n", "\n").split("\n")]
+    return "\n".join(lines).strip("\n")
+
+
+def held_out_seed(source: str | None) -> int:
+    """Base seed of the held-out inputs for one submitted exercise cell: a hash of its (normalised) text.
+
+    The same cell always gets the same inputs (re-grading gives the same grade), a changed cell gets new
+    ones, and they are not the self-check's (:data:`SELF_CHECK_SEED`). ``attn-course grade`` and ``check()``
+    under nbgrader autograde both use it, so both graders judge a cell on the same inputs."""
+    text = "attn_course held-out inputs\n" + _normalised(source or "")
+    return int(hashlib.sha256(text.encode("utf-8")).hexdigest()[:15], 16)
+
+
+def in_nbgrader_autograde() -> bool:
+    """True inside a kernel that ``nbgrader autograde`` runs (it sets ``NBGRADER_EXECUTION=autograde``)."""
+    return os.environ.get(NBGRADER_ENV) == "autograde"
 
 
 @dataclass(frozen=True)
@@ -50,6 +92,8 @@ class CheckResult:
     cases: list[CaseResult] = field(default_factory=list)
     forbidden: list[str] = field(default_factory=list)    # forbidden APIs the learner's code used
     details: list[str] = field(default_factory=list)      # where: "line 3: `F.softmax` (torch.nn.functional.softmax)"
+    held_out: bool = False     # cases drawn from held_out_seed (nbgrader autograde), not the self-check seed
+    captured: list[str] = field(default_factory=list)     # stderr text and warnings while the learner's code ran
 
     @property
     def n_passed(self) -> int:
@@ -63,8 +107,16 @@ class CheckResult:
         return (f"CheckResult({self.exercise_id!r}: {self.n_passed}/{len(self.cases)} cases, "
                 f"{self.score:g}/{self.max_score:g} points, {self.status})")
 
-    def _ipython_display_(self):
-        """The report was already printed; showing the result again would only repeat it."""
+    def _repr_pretty_(self, p, cycle) -> None:
+        """In IPython the result shows as the bare score (``text/plain``): the value of a check cell is
+        what nbgrader reads as that autograder-test cell's partial credit. The report itself was
+        already shown by :func:`check`."""
+        p.text(f"{self.score:g}")
+
+    def _repr_html_(self) -> str:
+        label = "score on held-out inputs" if self.held_out else "self-check score"
+        return (f'<span style="font-family: monospace; color: #555">{label}: '
+                f'<b>{self.score:g}</b> / {self.max_score:g}</span>')
 
 
 def describe_exception(exc: BaseException) -> str:
@@ -95,10 +147,12 @@ def judge_case(ex: Exercise, got: Any, want: dict[str, torch.Tensor], case: Case
 
 
 def _run(ex: Exercise, obj: Any) -> CheckResult:
-    result = CheckResult(ex.id, float(ex.points))
-    findings = ex.static_findings(judged_source(obj)) if ex.static_forbidden else []
+    result = CheckResult(ex.id, float(ex.points), held_out=in_nbgrader_autograde())
+    source = judged_source(obj)
+    findings = ex.static_findings(source) if ex.static_forbidden else []
     found = {f.api for f in findings}
-    gen = torch.Generator().manual_seed(case_seed(ex.id, SELF_CHECK_SEED))
+    base = held_out_seed(source) if result.held_out else SELF_CHECK_SEED
+    gen = torch.Generator().manual_seed(case_seed(ex.id, base))
     for case in ex.cases(gen):
         want = ex.expected(case)
         guard = RuntimeGuard(ex.forbidden)
@@ -128,40 +182,139 @@ def _points(p: float) -> str:
     return f"{p:g} point" + ("" if p == 1 else "s")
 
 
-def _report(ex: Exercise, result: CheckResult) -> str:
-    lines = [f"Self-check of exercise {ex.id} — {ex.title} ({_points(ex.points)}). "
-             f"This is a self-check, not your grade."]
+def _report_lines(ex: Exercise, result: CheckResult) -> list[tuple[str, str]]:
+    """The report as ``(kind, text)`` lines; kind is "title", "ok", "fail", "note" or "verdict"."""
+    if result.held_out:
+        title = (f"Exercise {ex.id} — {ex.title} ({_points(ex.points)}), graded by nbgrader on held-out "
+                 f"inputs.")
+    else:
+        title = (f"Self-check of exercise {ex.id} — {ex.title} ({_points(ex.points)}). "
+                 f"This is a self-check, not your grade.")
+    lines = [("title", title)]
+    lines += [("note", f"your code wrote this while it was checked: {text}") for text in result.captured]
     if result.status == "not attempted":
-        lines.append("  … not attempted yet: replace `raise NotImplementedError(...)` with your code, "
-                     "run that cell, then this one.")
-        return "\n".join(lines)
+        lines.append(("fail", "… not attempted yet: replace `raise NotImplementedError(...)` with your code, "
+                              "run that cell, then this one."))
+        return lines
     for c in result.cases:
-        lines.append(f"  {'✓' if c.ok else '✗'} {c.name}" + ("" if c.ok else f": {c.message}"))
+        lines.append(("ok", f"✓ {c.name}") if c.ok else ("fail", f"✗ {c.name}: {c.message}"))
     if result.status == "forbidden":
         apis = ", ".join(result.forbidden)
         where = "; ".join(result.details)
-        lines.append(f"  ✗ your code uses {apis}" + (f" ({where})" if where else " (while it runs)")
-                     + ", which this exercise forbids: write it by hand. The grader gives 0 points for it.")
-        return "\n".join(lines)
+        lines.append(("fail", f"✗ your code uses {apis}" + (f" ({where})" if where else " (while it runs)")
+                      + ", which this exercise forbids: write it by hand. The grader gives 0 points for it."))
+        return lines
     n, total = result.n_passed, len(result.cases)
     verdict = "all cases passed" if n == total else f"{n}/{total} cases passed"
-    lines.append(f"{verdict}: {result.score:g}/{ex.points:g} points if the grader agrees "
-                 f"(it runs the same checks on fresh inputs).")
-    return "\n".join(lines)
+    if result.held_out:
+        lines.append(("verdict", f"{verdict}: {result.score:g}/{ex.points:g} points."))
+    else:
+        lines.append(("verdict", f"{verdict}: {result.score:g}/{ex.points:g} points if the grader agrees "
+                                 f"(it runs the same checks on fresh inputs)."))
+    return lines
+
+
+def _report(ex: Exercise, result: CheckResult) -> str:
+    return "\n".join(text if kind == "title" else f"  {text}" for kind, text in _report_lines(ex, result))
+
+
+_COLOURS = {"ok": "#1a7f37", "fail": "#cf222e", "note": "#9a6700", "verdict": "inherit"}
+
+
+class _Report:
+    """The report as a displayable object: HTML in a notebook, the plain-text report elsewhere."""
+
+    def __init__(self, ex: Exercise, result: CheckResult):
+        self.ex, self.result = ex, result
+
+    def __repr__(self) -> str:
+        return _report(self.ex, self.result)
+
+    def _repr_html_(self) -> str:
+        rows = []
+        for kind, text in _report_lines(self.ex, self.result):
+            if kind == "title":
+                continue
+            weight = "bold" if kind == "verdict" else "normal"
+            rows.append(f'<li style="color: {_COLOURS[kind]}; font-weight: {weight}">{html.escape(text)}</li>')
+        title = html.escape(_report_lines(self.ex, self.result)[0][1])
+        return (f'<div class="attn-course-check"><div>{title}</div>'
+                f'<ul style="list-style: none; margin: 0.2em 0; padding-left: 1em">{"".join(rows)}</ul></div>')
+
+
+def _show(ex: Exercise, result: CheckResult) -> None:
+    """Display the report (HTML + text) in IPython; print the text anywhere else. Never to stderr."""
+    shell = None
+    try:
+        from IPython import get_ipython
+        shell = get_ipython()
+    except ImportError:
+        pass
+    if shell is not None:
+        from IPython.display import display
+        display(_Report(ex, result))
+    else:
+        print(_report(ex, result))
+
+
+@contextlib.contextmanager
+def _quiet(captured: list[str]):
+    """Nothing reaches stderr inside: ``sys.stderr`` writes, native writes to file descriptor 2 and
+    warnings are collected (deduplicated, each shortened to one line) into ``captured``."""
+    py_err = io.StringIO()
+    fd_err = None
+    saved_fd = None
+    try:
+        sys.stderr.flush()
+    except Exception:
+        pass
+    try:                                             # native code (C++ warnings, printf) writes to fd 2
+        fd_err = tempfile.TemporaryFile()
+        saved_fd = os.dup(2)
+        os.dup2(fd_err.fileno(), 2)
+    except (OSError, ValueError, AttributeError):
+        if fd_err is not None:
+            fd_err.close()
+        fd_err, saved_fd = None, None
+    try:
+        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stderr(py_err):
+            warnings.simplefilter("always")
+            yield
+    finally:
+        native = b""
+        if saved_fd is not None:
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+            fd_err.seek(0)
+            native = fd_err.read(1 << 16)
+            fd_err.close()
+        seen = set()
+        texts = [f"{w.category.__name__}: {w.message}" for w in caught]
+        texts += [py_err.getvalue(), native.decode("utf-8", "replace")]
+        for text in texts:
+            text = " ".join(text.split())
+            if text and text not in seen:
+                seen.add(text)
+                captured.append(text if len(text) <= 300 else text[:297] + "...")
 
 
 def check(exercise_id: str, obj: Any) -> CheckResult:
-    """Self-check ``obj`` against exercise ``exercise_id``: prints a report and returns a :class:`CheckResult`.
+    """Self-check ``obj`` against exercise ``exercise_id``: shows a report and returns a :class:`CheckResult`
+    (shown by IPython as its score, the number nbgrader reads).
 
-    Never raises for the learner's mistakes (wrong values, exceptions, stubs); the global torch RNG state
-    is left as it was.
+    Never raises for the learner's mistakes (wrong values, exceptions, stubs) and writes nothing to
+    stderr (what the learner's code writes there, and warnings, appear in the report); the global torch
+    RNG state is left as it was. Under ``nbgrader autograde`` the cases are held out
+    (:func:`held_out_seed`).
     """
     try:
         ex = get(exercise_id)
     except KeyError as exc:
         print(f"✗ {exc.args[0]}")
         return CheckResult(str(exercise_id), 0.0, status="unknown exercise")
-    with torch.random.fork_rng(devices=[]):
+    captured: list[str] = []
+    with torch.random.fork_rng(devices=[]), _quiet(captured):
         result = _run(ex, obj)
-    print(_report(ex, result))
+    result.captured = captured
+    _show(ex, result)
     return result
