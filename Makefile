@@ -9,7 +9,7 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 JOBS   ?= 2
 NBVAL  := --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
 
-.PHONY: setup lab test test-unit test-notebooks release bench clean
+.PHONY: setup lab test test-unit test-notebooks test-browser release bench clean
 
 setup: $(VENV)/.installed
 
@@ -19,23 +19,33 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e ".[lab,dev,triton]"
+	# PYTHONWARNINGS: hush setuptools' informational "Editable installation" notice during the build
+	PYTHONWARNINGS=ignore::UserWarning $(BIN)/python -m pip install --quiet -e ".[lab,dev,triton]"
 	touch $@
 
+# Serves the repository root (lessons link to ../exercises/ and back) and opens on the README's lesson
+# table, rendered (.jupyter/lab/settings/overrides.json: Markdown files open as a preview).
+LAB_FLAGS := --ServerApp.root_dir=. --LabApp.app_settings_dir=.jupyter/lab/settings --LabApp.default_url=/lab/tree/README.md
+
 lab: setup
-	$(BIN)/jupyter lab --no-browser --ip=$(IP) --port=$(PORT) $(ROOT_FLAG) --ServerApp.root_dir=notebooks
+	$(BIN)/jupyter lab --no-browser --ip=$(IP) --port=$(PORT) $(ROOT_FLAG) $(LAB_FLAGS)
 
 test: setup
 	$(BIN)/attn-course release --check
-	$(MAKE) test-unit test-notebooks
+	$(MAKE) test-unit test-notebooks test-browser
 
 test-unit: setup
-	$(BIN)/python -m pytest tests -n $(JOBS) -q
+	$(BIN)/python -m pytest tests --ignore=tests/browser -n $(JOBS) -q
 
 # Lessons and solutions: outputs compared. Exercises: must run without unexpected errors.
 test-notebooks: setup
 	$(BIN)/python -m pytest --nbval $(NBVAL) -n $(JOBS) --dist loadfile notebooks solutions -q
 	$(BIN)/python -m pytest --nbval-lax $(NBVAL) -n $(JOBS) --dist loadfile exercises -q
+
+# Every lesson Run All in JupyterLab in headless Chromium, one at a time (tests/browser). Without a
+# Chromium it skips with a reason; .ci/run installs Debian's and sets ATTN_COURSE_REQUIRE_BROWSER=1.
+test-browser: setup
+	$(BIN)/python -m pytest tests/browser -n 0 -q -p no:cacheprovider
 
 release: setup
 	$(BIN)/attn-course release

@@ -108,7 +108,11 @@ def test_makefile_installs_tested_torch_before_the_package():
 
 def test_make_lab_is_headless_and_honours_port():
     lab = " ".join(_make_recipe("lab"))
-    assert "--no-browser" in lab and "$(PORT)" in lab and "notebooks" in lab
+    assert "--no-browser" in lab and "$(PORT)" in lab and "$(LAB_FLAGS)" in lab
+    flags = re.search(r"^LAB_FLAGS\s*:?=\s*(.*)$", (ROOT / "Makefile").read_text(), re.M).group(1).split()
+    assert "--ServerApp.root_dir=." in flags          # lessons link to ../exercises/: serve the root
+    settings = next(f.split("=", 1)[1] for f in flags if f.startswith("--LabApp.app_settings_dir="))
+    assert (ROOT / settings / "overrides.json").is_file()
 
 
 def test_readme_gives_the_two_commands_and_the_other_routes():

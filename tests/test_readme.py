@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ROW = re.compile(r"^\| (\d\d) \| \[[^\]]+\]\((notebooks/[^)]+\.ipynb)\) \|.*\| ✅ lesson \+ (\d+) exercises")
+ROW = re.compile(r"^\| (\d\d) \| \[[^\]]+\]\((notebooks/[^)]+\.ipynb)\) \|.*\| ✅ lesson \+ \[(\d+) exercises\]\(exercises/([^)]+\.ipynb)\)")
 
 
 def _grade_ids(path: Path) -> list[str]:
@@ -26,3 +26,4 @@ def test_lesson_table_matches_the_notebooks():
         for folder in ("solutions", "exercises"):
             assert (ROOT / folder / lesson.name).exists(), f"{folder}/{lesson.name} missing"
         assert len(_grade_ids(ROOT / "solutions" / lesson.name)) == int(m.group(3)), lesson.name
+        assert m.group(4) == lesson.name                     # the exercise link is this lesson's

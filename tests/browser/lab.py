@@ -50,16 +50,18 @@ def free_port() -> int:
 class Lab:
     """``with Lab(root) as lab:`` a running server; ``lab.url(path)`` opens ``path`` (relative to ``root``)."""
 
-    def __init__(self, root: Path, *, timeout: float = 90.0):
-        self.root, self.timeout = Path(root), timeout
+    def __init__(self, root: Path, *, flags: tuple[str, ...] = (), timeout: float = 90.0):
+        self.root, self.flags, self.timeout = Path(root), tuple(flags), timeout
         self.token = secrets.token_hex(16)
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
         self.log = self.root / ".lab.log"
 
-    def url(self, path: str = "") -> str:
+    def url(self, path: str | None = "") -> str:
+        """``/lab/tree/<path>``, or with ``path=None`` the server's landing page (``/``)."""
         # reset: a fresh workspace, so notebooks of earlier tests are not reopened beside this one
-        return f"http://127.0.0.1:{self.port}/lab/tree/{path}?reset&token={self.token}"
+        where = "" if path is None else f"lab/tree/{path}"
+        return f"http://127.0.0.1:{self.port}/{where}?reset&token={self.token}"
 
     def __enter__(self) -> "Lab":
         settings = self.root / ".lab-settings"
@@ -74,8 +76,11 @@ class Lab:
         jupyter = Path(sys.executable).with_name("jupyter")
         cmd = [str(jupyter), "lab", "--no-browser", "--ip=127.0.0.1", f"--port={self.port}",
                "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
-               f"--ServerApp.root_dir={self.root}", "--LabApp.expose_app_in_browser=True",
-               f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={self.root / '.lab-ws'}"]
+               "--LabApp.expose_app_in_browser=True",
+               f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={self.root / '.lab-ws'}",
+               *self.flags]
+        if not any(f.startswith("--ServerApp.root_dir=") for f in self.flags):
+            cmd.append(f"--ServerApp.root_dir={self.root}")       # (relative roots resolve from cwd=root)
         if os.geteuid() == 0:
             cmd.append("--allow-root")
         env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(self.root / ".lab-runtime")}
@@ -117,5 +122,12 @@ def copy_course(dest: Path) -> Path:
     """The course's notebooks, exercises and solutions, copied (the server edits only the copy)."""
     for d in ("notebooks", "exercises", "solutions"):
         shutil.copytree(REPO / d, dest / d, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    shutil.copytree(REPO / ".jupyter", dest / ".jupyter")        # make lab's app settings
     shutil.copy(REPO / "README.md", dest / "README.md")
     return dest
+
+
+def make_lab_flags() -> list[str]:
+    """The ``LAB_FLAGS`` that ``make lab`` passes (read from the Makefile, so the test cannot drift)."""
+    import re
+    return re.search(r"^LAB_FLAGS\s*:?=\s*(.*)$", (REPO / "Makefile").read_text(), re.M).group(1).split()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .lab import BADGE, BADGE_SVG, REPO
+from .lab import BADGE, BADGE_SVG, REPO, Lab, copy_course, make_lab_flags
 
 LESSONS = sorted(p.name for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 RUN_TIMEOUT = 300.0                     # s per lesson; the slowest runs ~50 s alone in nbconvert
@@ -255,3 +255,23 @@ def test_exercise_check_feedback_renders(lab, browser, artifacts):
         assert page.console == [], f"browser console errors: {page.console[:5]}"
     finally:
         page.shutdown()
+
+
+def test_make_lab_opens_on_the_lesson_table(browser, tmp_path):
+    """``make lab``'s flags: the landing page is the README rendered (not its Markdown source), and its
+    lesson links open the lessons."""
+    with Lab(copy_course(tmp_path), flags=make_lab_flags()) as lab:
+        page = LabPage(browser, lab, "README.md")
+        try:
+            page.page.goto(lab.url(None))
+            page.page.wait_for_function(f"() => {{ const a = {APP}; const w = a && a.shell.currentWidget; "
+                                        "return w && w.context && w.context.path === 'README.md' }", timeout=60_000)
+            link = page.page.locator(f'.jp-RenderedMarkdown a[href*="/files/notebooks/{LESSONS[0]}"]').first
+            link.wait_for(timeout=30_000)
+            page.page.screenshot(path=str(tmp_path / "landing.png"))
+            link.click()
+            page.page.wait_for_function(f"() => {{ const w = {PANEL}; return w && w.context.path === 'notebooks/{LESSONS[0]}' }}",
+                                        timeout=60_000)
+            assert page.console == [] and page.external == []
+        finally:
+            page.shutdown()
