@@ -40,3 +40,17 @@ def test_lesson_and_exercises_link_to_each_other(lesson):
     for d in ("notebooks", "solutions", "exercises"):
         for target in re.findall(r"\]\((\.\./[^)#\s]+\.ipynb)", markdown(REPO / d / lesson)):
             assert (REPO / d / target).resolve().is_file(), f"{d}/{lesson} links to missing {target}"
+
+
+def _prose(md: str) -> str:
+    """Markdown without its math ($…$, $$…$$), code spans and fenced code."""
+    for pattern in (r"```.*?```", r"\$\$.*?\$\$", r"(?<!\\)\$[^$\n]*\$", r"`[^`\n]*`"):
+        md = re.sub(pattern, "", md, flags=re.S)
+    return md
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS)
+def test_no_raw_tex_in_prose(path):
+    """``x_{t−1}`` or ``e^{m−m_new}`` outside ``$…$`` shows its braces in JupyterLab: write math as math."""
+    raw = re.findall(r"\S*[_^]\{[^}\n]*\}\S*", _prose(markdown(REPO / path)))
+    assert raw == [], f"TeX outside $…$: {raw[:5]}"
