@@ -13,6 +13,10 @@ On a CPU the kernel runs under Triton's interpreter (``TRITON_INTERPRET=1``, set
 triton); that is how the tests check it without a GPU. The interpreter handles plain pointer
 arithmetic, ``tl.dot`` and masks — the kernel uses no block pointers and no autotuning lists.
 
+Launch parameters (block sizes, warps, pipeline stages) come from one place, :func:`kernel_config`;
+:mod:`attn_course.triton_aot` compiles the kernels with them for A100 / L4 / H100 (sm_80/89/90) without a GPU
+and reports registers, spills and shared memory against each GPU's limit.
+
 GPU measurement: ``python -m attn_course.flash_triton --bench`` prints TFLOP/s of this kernel and of
 SDPA pinned to its FLASH backend (``sdpa_kernel``) at L = 4096, d = 64/128, fp16/bf16.
 """

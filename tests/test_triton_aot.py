@@ -6,6 +6,7 @@ real (fresh processes without TRITON_INTERPRET, an empty TRITON_CACHE_DIR each),
 not only what the compile reported, and the shared-memory limits are the CUDA programming guide's
 per-block maxima, written here independently of ``attn_course.triton_aot``.
 """
+import inspect
 import os
 import subprocess
 from pathlib import Path
@@ -51,12 +52,14 @@ def _covers_every_kernel_gpu_dtype_and_head_dim(configs, records):
 
 
 def _compiled_at_the_launchers_parameters(records):
-    """What was compiled is what flash_attention_triton launches on that GPU (its default blocks 64 × 64)."""
+    """What was compiled is what flash_attention_triton launches on that GPU, at its default block sizes."""
+    params = inspect.signature(ft.flash_attention_triton).parameters
+    DEFAULT_BLOCKS = (params["block_q"].default, params["block_k"].default)
     for r in records:
         cfg = ft.kernel_config(r["kernel"], r["head_dim"], getattr(torch, r["dtype"]), capability=r["arch"])
         assert (r["block_m"], r["block_n"], r["block_d"], r["num_warps"], r["num_stages"]) == (
             cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_D"], cfg["num_warps"], cfg["num_stages"]), r
-        assert (r["block_m"], r["block_n"]) == (64, 64) and r["block_d"] == r["head_dim"]
+        assert (r["block_m"], r["block_n"]) == DEFAULT_BLOCKS and r["block_d"] == r["head_dim"]
 
 
 def _shared_memory_fits_every_gpu(records):
