@@ -10,8 +10,9 @@ ptxas allocated: registers per thread, spill stores/loads, and the shared memory
 — checked against the device's per-block maximum. It says whether the kernel *fits* the GPU, not how fast
 it runs (performance: ``python -m attn_course.flash_triton --bench`` on a GPU).
 
-Compiles run in fresh subprocesses: the tests (and lesson 08) run Triton under its CPU interpreter
-(``TRITON_INTERPRET=1``), where ``@triton.jit`` yields an interpreted function with nothing to compile.
+Compiles run in fresh subprocesses, without any ``TRITON_*`` environment variable and with an empty cache:
+the tests (and lesson 08) run Triton under its CPU interpreter (``TRITON_INTERPRET=1``), where ``@triton.jit``
+yields an interpreted function with nothing to compile.
 
 ``python -m attn_course.triton_aot [--out PATH] [--jobs 2]`` compiles the whole matrix (3 kernels ×
 3 archs × 2 dtypes × 2 head dims × causal/non-causal) and records it in :data:`RECORDED`.
@@ -155,7 +156,9 @@ def _worker(payload: str) -> int:
 # --- the caller's side -------------------------------------------------------------------------------------
 
 def _run_worker(configs: list[Config], cubin_dir: str | None, timeout: float) -> list[dict]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # no TRITON_* settings reach the compile (TRITON_INTERPRET, TRITON_PTXAS_PATH, ...): Triton's defaults and
+    # the ptxas bundled in the wheel, so that a record is reproducible
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRITON_")}
     with tempfile.TemporaryDirectory(prefix="attn-course-triton-cache-") as cache:
         env["TRITON_CACHE_DIR"] = cache       # an empty cache: every compile is real, nothing written to ~
         payload = json.dumps({"configs": [asdict(c) for c in configs], "cubin_dir": cubin_dir})
