@@ -13,6 +13,10 @@ On a CPU the kernel runs under Triton's interpreter (``TRITON_INTERPRET=1``, set
 triton); that is how the tests check it without a GPU. The interpreter handles plain pointer
 arithmetic, ``tl.dot`` and masks — the kernel uses no block pointers and no autotuning lists.
 
+Launch parameters (block sizes, warps, pipeline stages) come from one place, :func:`kernel_config`;
+:mod:`attn_course.triton_aot` compiles the kernels with them for A100 / L4 / H100 (sm_80/89/90) without a GPU
+and reports registers, spills and shared memory against each GPU's limit.
+
 GPU measurement: ``python -m attn_course.flash_triton --bench`` prints TFLOP/s of this kernel and of
 SDPA pinned to its FLASH backend (``sdpa_kernel``) at L = 4096, d = 64/128, fp16/bf16.
 """
@@ -28,12 +32,51 @@ import triton.language as tl
 
 from .flash import LOG2E, _check
 
-__all__ = ["flash_attention_triton", "flash_attention_triton_forward", "interpreted"]
+__all__ = ["flash_attention_triton", "flash_attention_triton_forward", "interpreted", "kernel_config"]
 
 
 def interpreted() -> bool:
     """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+KERNELS = ("forward", "backward_dkdv", "backward_dq")
+
+
+def kernel_config(kernel: str, head_dim: int, dtype: torch.dtype, *, block_q: int = 64, block_k: int = 64,
+                  capability: int | None = None) -> dict:
+    """The compile-time parameters one of the three kernels is launched with — the launchers below and the
+    ahead-of-time report (:mod:`attn_course.triton_aot`) both read them here, so they cannot drift apart.
+
+    ``kernel`` in :data:`KERNELS`; ``capability`` = 10·major + minor of the CUDA device (80 = A100, 89 = L4,
+    90 = H100), ``None`` under the interpreter. Returns the constexprs ``BLOCK_M``, ``BLOCK_N``, ``BLOCK_D``,
+    ``PRECISION`` and the launch options ``num_warps``, ``num_stages`` (Triton's defaults are 4 and 3).
+    The backward kernels depart from the defaults; each choice was found by compiling for sm_80/89/90
+    without a GPU (``python -m attn_course.triton_aot``, recorded in ``attn_course/data/triton_aot.json``):
+    the dK/dV kernel keeps two fp32 accumulators of ``BLOCK_N × BLOCK_D`` per program and spills registers
+    with 4 warps, so it runs 8; before Hopper (capability < 90) at head dim 128, three pipeline stages of the
+    dQ kernel need 104 KiB of shared memory (more than the 99 KiB per block of an L4 / sm_89), and with 2 or 3
+    stages both backward kernels spill registers on sm_80 or sm_89 — so there they run 8 warps, 1 stage.
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    BLOCK_D = max(16, triton.next_power_of_2(head_dim))
+    num_warps, num_stages = 4, 3
+    if kernel == "backward_dkdv":
+        num_warps = 8
+    if kernel != "forward" and capability is not None and capability < 90 and BLOCK_D >= 128:
+        num_warps, num_stages = 8, 1
+    return dict(BLOCK_M=block_q, BLOCK_N=block_k, BLOCK_D=BLOCK_D,
+                PRECISION="ieee" if dtype in (torch.float32, torch.float64) else None,
+                num_warps=num_warps, num_stages=num_stages)
+
+
+def _capability(t: torch.Tensor) -> int | None:
+    """10·major + minor of t's CUDA device; None on a CPU (the interpreter ignores num_warps/num_stages)."""
+    if t.device.type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(t.device)
+    return 10 * major + minor
 
 
 @triton.jit
@@ -172,10 +215,9 @@ def _launch(q, k, v, is_causal, scale, block_q, block_k):
     grid = (triton.cdiv(Lq, block_q), Z)
     _flash_fwd_kernel[grid](Q, K, V, O, LSE, Lq, Lk, E, scale * LOG2E,
                             Q.stride(0), Q.stride(1), K.stride(0), K.stride(1), V.stride(0), V.stride(1),
-                            O.stride(0), O.stride(1),
-                            IS_CAUSAL=bool(is_causal), BLOCK_M=block_q, BLOCK_N=block_k,
-                            BLOCK_D=max(16, triton.next_power_of_2(E)),
-                            PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else None)
+                            O.stride(0), O.stride(1), IS_CAUSAL=bool(is_causal),
+                            **kernel_config("forward", E, q.dtype, block_q=block_q, block_k=block_k,
+                                            capability=_capability(q)))
     return O, LSE, scale
 
 
@@ -188,12 +230,13 @@ def _launch_backward(q, k, v, O, LSE, grad_out, is_causal, scale, block_q, block
     Dd = (dO.float() * O.float()).sum(-1)                                             # (Z, Lq) D_i = rowsum(dO ∘ O)
     dQ, dK, dV = torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
     Lq, Lk = Q.shape[1], K.shape[1]
-    meta = dict(IS_CAUSAL=bool(is_causal), BLOCK_M=block_q, BLOCK_N=block_k, BLOCK_D=max(16, triton.next_power_of_2(E)),
-                PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else None)
+    meta = {name: dict(IS_CAUSAL=bool(is_causal), **kernel_config(name, E, q.dtype, block_q=block_q, block_k=block_k,
+                                                                    capability=_capability(q)))
+            for name in ("backward_dkdv", "backward_dq")}
     args = (Lq, Lk, E, scale * LOG2E, scale, Q.stride(0), Q.stride(1), K.stride(0), K.stride(1),
             V.stride(0), V.stride(1), dO.stride(0), dO.stride(1))
-    _flash_bwd_dkdv_kernel[(triton.cdiv(Lk, block_k), Z)](Q, K, V, dO, LSE, Dd, dK, dV, *args, **meta)
-    _flash_bwd_dq_kernel[(triton.cdiv(Lq, block_q), Z)](Q, K, V, dO, LSE, Dd, dQ, *args, **meta)
+    _flash_bwd_dkdv_kernel[(triton.cdiv(Lk, block_k), Z)](Q, K, V, dO, LSE, Dd, dK, dV, *args, **meta["backward_dkdv"])
+    _flash_bwd_dq_kernel[(triton.cdiv(Lq, block_q), Z)](Q, K, V, dO, LSE, Dd, dQ, *args, **meta["backward_dq"])
     return dQ.reshape(q.shape), dK.reshape(k.shape), dV.reshape(v.shape)
 
 
