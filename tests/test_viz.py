@@ -164,3 +164,12 @@ def test_show_source_prints_outside_notebooks(capsys):
     viz.show_source(causal_mask, docstring=False)
     short = capsys.readouterr().out
     assert "top-left aligned" not in short and ".tril()" in short and len(short) < len(out)
+
+
+def test_table_renders_markdown_and_keeps_its_text():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from attn_course import viz
+    text = "| a | b |\n|---|---|\n| 1 | 2 |"
+    data, _ = InteractiveShell.instance().display_formatter.format(viz.table(text))
+    assert data["text/markdown"] == text and data["text/plain"] == text

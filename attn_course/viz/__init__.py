@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["plot_attention", "plot_heads", "plot_mask", "show_source"]
+__all__ = ["plot_attention", "plot_heads", "plot_mask", "show_source", "table"]
 
 _MAX_LABELS = 48          # above this many tokens we show every k-th label
 _CMAP = "viridis"
@@ -269,6 +269,26 @@ def show_source(obj, *, docstring: bool = True) -> None:
         display(Markdown(f"```python\n{src}\n```"))
     else:
         print(src)
+
+
+class MarkdownTable:
+    """Markdown text that a notebook renders (``text/markdown``: a real table, not raw pipes) and whose
+    ``text/plain`` is the same text (what a terminal shows and what nbval compares)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def _repr_markdown_(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def table(text: str) -> MarkdownTable:
+    """Show a Markdown table (e.g. ``bench.format_table(rows)``) as a table: ``display(viz.table(t))`` or
+    make it the cell's last expression."""
+    return MarkdownTable(text)
 
 
 def _strip_docstring(src: str) -> str:
