@@ -24,11 +24,13 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # Serves the repository root (lessons link to ../exercises/ and back) and opens on the README's lesson
-# table, rendered (.jupyter/lab/settings/overrides.json: Markdown files open as a preview).
-LAB_FLAGS := --ServerApp.root_dir=. --LabApp.app_settings_dir=.jupyter/lab/settings --LabApp.default_url=/lab/tree/README.md
+# table, rendered (.jupyter/lab/settings/overrides.json: Markdown files open as a preview). The course's
+# own Jupyter config dir, .jupyter/, holds custom/custom.css: tabs say lesson / exercises / solutions.
+LAB_ENV   := JUPYTER_CONFIG_DIR=.jupyter
+LAB_FLAGS := --ServerApp.root_dir=. --LabApp.app_settings_dir=.jupyter/lab/settings --LabApp.custom_css=True --LabApp.default_url=/lab/tree/README.md
 
 lab: setup
-	$(BIN)/jupyter lab --no-browser --ip=$(IP) --port=$(PORT) $(ROOT_FLAG) $(LAB_FLAGS)
+	$(LAB_ENV) $(BIN)/jupyter lab --no-browser --ip=$(IP) --port=$(PORT) $(ROOT_FLAG) $(LAB_FLAGS)
 
 test: setup
 	$(BIN)/attn-course release --check

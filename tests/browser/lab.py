@@ -50,8 +50,9 @@ def free_port() -> int:
 class Lab:
     """``with Lab(root) as lab:`` a running server; ``lab.url(path)`` opens ``path`` (relative to ``root``)."""
 
-    def __init__(self, root: Path, *, flags: tuple[str, ...] = (), timeout: float = 90.0):
-        self.root, self.flags, self.timeout = Path(root), tuple(flags), timeout
+    def __init__(self, root: Path, *, flags: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                 timeout: float = 90.0):
+        self.root, self.flags, self.env, self.timeout = Path(root), tuple(flags), dict(env or {}), timeout
         self.token = secrets.token_hex(16)
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
@@ -83,7 +84,7 @@ class Lab:
             cmd.append(f"--ServerApp.root_dir={self.root}")       # (relative roots resolve from cwd=root)
         if os.geteuid() == 0:
             cmd.append("--allow-root")
-        env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(self.root / ".lab-runtime")}
+        env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(self.root / ".lab-runtime"), **self.env}
         env.pop("MPLBACKEND", None)                 # kernels keep the inline backend
         self.proc = subprocess.Popen(cmd, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
                                      start_new_session=True, env=env, cwd=self.root)
@@ -127,7 +128,9 @@ def copy_course(dest: Path) -> Path:
     return dest
 
 
-def make_lab_flags() -> list[str]:
-    """The ``LAB_FLAGS`` that ``make lab`` passes (read from the Makefile, so the test cannot drift)."""
+def make_lab_flags() -> tuple[list[str], dict[str, str]]:
+    """``make lab``'s ``LAB_FLAGS`` and ``LAB_ENV`` (read from the Makefile, so the test cannot drift)."""
     import re
-    return re.search(r"^LAB_FLAGS\s*:?=\s*(.*)$", (REPO / "Makefile").read_text(), re.M).group(1).split()
+    make = (REPO / "Makefile").read_text()
+    var = lambda name: re.search(rf"^{name}\s*:?=\s*(.*)$", make, re.M).group(1).split()  # noqa: E731
+    return var("LAB_FLAGS"), dict(kv.split("=", 1) for kv in var("LAB_ENV"))

@@ -119,10 +119,19 @@ class LabPage:
             self.page.close()
 
 
-def figure_png(explorer) -> bytes:
-    img = explorer.locator(".widget-output img").last
-    img.wait_for(state="visible", timeout=30_000)
-    return img.screenshot()
+def figure_png(explorer, tries: int = 20) -> bytes:
+    """A screenshot of the explorer's figure (retried while a redraw replaces the <img> under us)."""
+    from playwright.sync_api import Error
+
+    for attempt in range(tries):
+        img = explorer.locator(".widget-output img").last
+        try:
+            img.wait_for(state="visible", timeout=30_000)
+            return img.screenshot(timeout=10_000)
+        except Error:
+            if attempt == tries - 1:
+                raise
+            explorer.page.wait_for_timeout(500)
 
 
 def pixels_differ(a: bytes, b: bytes) -> float:
@@ -257,21 +266,34 @@ def test_exercise_check_feedback_renders(lab, browser, artifacts):
         page.shutdown()
 
 
-def test_make_lab_opens_on_the_lesson_table(browser, tmp_path):
-    """``make lab``'s flags: the landing page is the README rendered (not its Markdown source), and its
-    lesson links open the lessons."""
-    with Lab(copy_course(tmp_path), flags=make_lab_flags()) as lab:
+def test_make_lab_opens_on_the_lesson_table(browser, tmp_path, artifacts):
+    """``make lab``'s flags and environment: the landing page is the README rendered (not its Markdown
+    source); its lesson link opens the lesson, the lesson's link its exercises; the two tabs, which
+    show the same file name, say "lesson" and "exercises"."""
+    flags, env = make_lab_flags()
+    with Lab(copy_course(tmp_path), flags=flags, env=env) as lab:
         page = LabPage(browser, lab, "README.md")
         try:
             page.page.goto(lab.url(None))
             page.page.wait_for_function(f"() => {{ const a = {APP}; const w = a && a.shell.currentWidget; "
                                         "return w && w.context && w.context.path === 'README.md' }", timeout=60_000)
-            link = page.page.locator(f'.jp-RenderedMarkdown a[href*="/files/notebooks/{LESSONS[0]}"]').first
-            link.wait_for(timeout=30_000)
-            page.page.screenshot(path=str(tmp_path / "landing.png"))
-            link.click()
-            page.page.wait_for_function(f"() => {{ const w = {PANEL}; return w && w.context.path === 'notebooks/{LESSONS[0]}' }}",
-                                        timeout=60_000)
+            lesson = LESSONS[0]
+            for link, path in ((f'a[href*="/files/notebooks/{lesson}"]', f"notebooks/{lesson}"),
+                               (f'a[href*="/files/exercises/{lesson}"]', f"exercises/{lesson}")):
+                a = page.page.locator(f".jp-MainAreaWidget:not(.lm-mod-hidden) .jp-RenderedMarkdown {link}").first
+                a.wait_for(timeout=60_000)
+                a.scroll_into_view_if_needed()
+                a.click()
+                page.page.wait_for_function(f"() => {{ const w = {PANEL}; return w && w.context.path === {json.dumps(path)} "
+                                            "&& w.context.isReady }", timeout=60_000)
+            labels = page.js("""() => Object.fromEntries(Array.from(document.querySelectorAll('.lm-DockPanel-tabBar .lm-TabBar-tab'))
+                .map(t => [t.getAttribute('title').split('\\n').find(l => l.startsWith('Path:')),
+                           getComputedStyle(t.querySelector('.lm-TabBar-tabLabel'), '::before').content]))""")
+            assert labels.get(f"Path: notebooks/{lesson}") == '"lesson · "', labels
+            assert labels.get(f"Path: exercises/{lesson}") == '"exercises · "', labels
+            page.page.screenshot(path=str(artifacts / "make-lab-tabs.png"))
             assert page.console == [] and page.external == []
         finally:
-            page.shutdown()
+            page.js(f"async () => {{ for (const s of {APP}.serviceManager.sessions.running()) "
+                    f"await {APP}.serviceManager.sessions.shutdown(s.id); }}")
+            page.page.close()
