@@ -146,18 +146,18 @@ def pixels_differ(a: bytes, b: bytes) -> float:
 
 
 def change_controls(page: LabPage, explorer, before: bytes, timeout: float = 30.0):
-    """Change the explorer's controls one at a time (dropdowns, sliders, then checkboxes) until the
-    figure's pixels change. Returns (control description, changed fraction) or None."""
+    """Change the explorer's controls one at a time (sliders by keyboard, dropdowns, text boxes, then
+    checkboxes) until the figure's pixels change. Returns (control description, changed fraction) or None."""
     attempts = []
+    for i in range(explorer.locator(".widget-slider .noUi-handle").count()):
+        h = explorer.locator(".widget-slider .noUi-handle").nth(i)
+        attempts.append((f"slider {i}", lambda h=h: (h.focus(), [h.press("ArrowRight") for _ in range(3)])))
     for i in range(explorer.locator(".widget-dropdown select").count()):
         sel = explorer.locator(".widget-dropdown select").nth(i)
         options = sel.locator("option").count()
         current = sel.evaluate("s => s.selectedIndex")
         if options > 1:
             attempts.append((f"dropdown {i}", lambda sel=sel, o=(current + 1) % options: sel.select_option(index=o)))
-    for i in range(explorer.locator(".widget-slider .noUi-handle").count()):
-        h = explorer.locator(".widget-slider .noUi-handle").nth(i)
-        attempts.append((f"slider {i}", lambda h=h: (h.focus(), [h.press("ArrowRight") for _ in range(3)])))
     for i in range(explorer.locator(".widget-text input").count()):
         box = explorer.locator(".widget-text input").nth(i)
         words = box.input_value().split()
@@ -195,6 +195,7 @@ def test_lesson_in_jupyterlab(lesson, lab, browser, artifacts, capsys):
 
         n = page.explorers()
         assert n >= 1, "no ipywidgets explorer rendered"
+        report = []
         for k in range(n):
             ex = page.page.locator(f'[data-explorer="{k}"]')
             controls = ex.locator(".widget-dropdown, .widget-slider, .widget-checkbox, .widget-toggle-buttons, .widget-text")
@@ -206,6 +207,7 @@ def test_lesson_in_jupyterlab(lesson, lab, browser, artifacts, capsys):
             ex.screenshot(path=str(artifacts / f"{stem}-1-explorer{k}.png"))
             changed = change_controls(page, ex, figure_png(ex))
             assert changed is not None, f"explorer {k}: no control changed its figure"
+            report.append(f"{changed[0]} changed {changed[1]:.0%} of the figure")
             ex.screenshot(path=str(artifacts / f"{stem}-2-explorer{k}-changed.png"))
 
         # JupyterLab rewrites ../exercises/X.ipynb to /files/exercises/X.ipynb?_xsrf=... and opens it on click
@@ -222,7 +224,7 @@ def test_lesson_in_jupyterlab(lesson, lab, browser, artifacts, capsys):
         assert page.external == [], f"requests to the internet: {page.external}"
         with capsys.disabled():
             print(f"\n  {stem}: Run All {took:.1f} s, first figure after "
-                  f"{'-' if first is None else f'{first:.1f} s'}, {n} explorer(s)", end="")
+                  f"{'-' if first is None else f'{first:.1f} s'}, {n} explorer(s): {'; '.join(report)}", end="")
     finally:
         page.shutdown()
 
@@ -286,8 +288,11 @@ def test_make_lab_opens_on_the_lesson_table(browser, tmp_path, artifacts):
                 a.click()
                 page.page.wait_for_function(f"() => {{ const w = {PANEL}; return w && w.context.path === {json.dumps(path)} "
                                             "&& w.context.isReady }", timeout=60_000)
+            page.page.wait_for_function(  # a tab's tooltip (its title attribute) is filled in once the file loads
+                f"() => Array.from(document.querySelectorAll('.lm-DockPanel-tabBar .lm-TabBar-tab'))"
+                f".some(t => (t.getAttribute('title') || '').includes('Path: exercises/{lesson}'))", timeout=30_000)
             labels = page.js("""() => Object.fromEntries(Array.from(document.querySelectorAll('.lm-DockPanel-tabBar .lm-TabBar-tab'))
-                .map(t => [t.getAttribute('title').split('\\n').find(l => l.startsWith('Path:')),
+                .map(t => [(t.getAttribute('title') || '').split('\\n').find(l => l.startsWith('Path:')),
                            getComputedStyle(t.querySelector('.lm-TabBar-tabLabel'), '::before').content]))""")
             assert labels.get(f"Path: notebooks/{lesson}") == '"lesson · "', labels
             assert labels.get(f"Path: exercises/{lesson}") == '"exercises · "', labels
