@@ -169,3 +169,36 @@ def test_displayed_explorer_carries_a_snapshot_of_its_first_figure_and_a_note(ex
     assert bundle["text/plain"] == f"{SNAPSHOT_NOTE} (Scaled dot-product attention explorer)"
     assert "VBox" not in bundle["text/plain"]
     assert "application/vnd.jupyter.widget-view+json" in bundle   # the live widget when the kernel runs
+
+
+def test_a_control_moved_to_a_bad_state_shows_the_error_instead_of_freezing_the_figure():
+    import ipywidgets as W
+    import matplotlib.pyplot as plt
+
+    def render(n):
+        if n == 3:
+            raise ValueError("n=3 is not allowed")
+        fig, ax = plt.subplots()
+        ax.plot(range(n))
+        return fig
+
+    ui = interactive_figure(render, {"n": W.IntSlider(value=2, min=1, max=5)})
+    ui.controls["n"].value = 3
+    (shown,) = ui.children[-1].outputs
+    assert shown["output_type"] == "stream" and shown["text"] == "ValueError: n=3 is not allowed\n"
+    ui.controls["n"].value = 4                               # a good state draws again
+    assert "image/png" in ui.children[-1].outputs[0]["data"]
+
+
+def test_ring_explorer_offers_only_world_sizes_that_split_the_sequence():
+    from attn_course.widgets.ring import RingExplorer
+    for L in (16, 24):
+        ex = RingExplorer(seq_len=L)
+        box = ex.widget()
+        worlds = list(box.controls["world"].options)
+        assert worlds == [P for P in range(2, 9) if L % (2 * P) == 0]
+        for P in worlds:                                     # every offered P draws, in both layouts
+            for layout in ("contiguous", "zigzag"):
+                box.controls["layout"].value = layout
+                box.controls["world"].value = P
+                assert "image/png" in box.children[-1].outputs[0]["data"], (L, P, layout)

@@ -75,7 +75,13 @@ def interactive_figure(render: Callable[..., "object"], controls: dict, *, title
     box.title = title
 
     def redraw(_change=None):
-        fig = render(**{name: c.value for name, c in controls.items()})
+        try:
+            fig = render(**{name: c.value for name, c in controls.items()})
+        except Exception as e:               # a control moved to a bad state: say so where the figure was
+            if _change is None:              # (the first draw raises: a bad explorer is the caller's bug)
+                raise
+            out.outputs = ({"output_type": "stream", "name": "stdout", "text": f"{type(e).__name__}: {e}\n"},)
+            return
         # Set the Output's state directly (not `with out: display(...)`, which relies on a frontend
         # routing messages): works the same in JupyterLab, nbconvert, nbval and tests.
         data, metadata = InteractiveShell.instance().display_formatter.format(fig)

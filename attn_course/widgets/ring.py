@@ -59,7 +59,9 @@ class RingExplorer:
         import ipywidgets as W
 
         from . import interactive_figure
-        controls = {"world": W.IntSlider(value=4, min=2, max=8, description="P"),
+        # only world sizes both layouts can split L into (zigzag: 2P chunks), e.g. 2, 4, 8 for L = 16
+        worlds = [P for P in range(2, 9) if self.L % (2 * P) == 0]
+        controls = {"world": W.SelectionSlider(options=worlds, value=4 if 4 in worlds else worlds[0], description="P"),
                     "step": W.IntSlider(value=0, min=0, max=7, description="step t"),
                     "layout": W.Dropdown(options=list(LAYOUTS), value="contiguous", description="layout"),
                     "causal": W.Checkbox(value=True, description="causal")}
