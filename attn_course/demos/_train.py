@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._notebook import in_kernel, saved_box
+
 __all__ = ["fit", "token_accuracy"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -29,23 +31,15 @@ class _Bar:
         self.steps, self.desc, self.widget, self.tqdm = steps, desc, None, None
         if not enabled:
             return
-        try:
-            from IPython import get_ipython
-            in_kernel = getattr(get_ipython(), "kernel", None) is not None
-        except ImportError:
-            in_kernel = False
-        if in_kernel:
+        if in_kernel():
             import ipywidgets as W
             from IPython.display import display
-
-            class Progress(W.HBox):
-                def _repr_mimebundle_(box, **kwargs):
-                    return {**super()._repr_mimebundle_(**kwargs), "text/plain": f"{desc}: {steps} training steps"}
 
             self.bar = W.IntProgress(value=0, min=0, max=steps, description=desc,
                                      style={"description_width": "initial"})
             self.label = W.Label(f"0/{steps}")
-            self.widget = Progress([self.bar, self.label])
+            self.widget = saved_box("HBox")([self.bar, self.label])
+            self.widget.saved_text = f"{desc}: {steps} training steps"
             display(self.widget)
         else:
             from tqdm import tqdm

@@ -19,6 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .._notebook import in_kernel
+
 __all__ = ["plot_attention", "plot_heads", "plot_mask", "show_source", "table"]
 
 _MAX_LABELS = 48          # above this many tokens we show every k-th label
@@ -259,13 +261,8 @@ def show_source(obj, *, docstring: bool = True) -> None:
         if doc:
             src = _strip_docstring(src)
     src = src.rstrip("\n")
-    try:
-        from IPython import get_ipython
+    if in_kernel():                          # a Jupyter/Colab kernel, not a bare shell
         from IPython.display import Markdown, display
-        in_notebook = getattr(get_ipython(), "kernel", None) is not None   # a Jupyter/Colab kernel, not a bare shell
-    except ImportError:  # pragma: no cover - IPython ships with the lab extra
-        in_notebook = False
-    if in_notebook:
         display(Markdown(f"```python\n{src}\n```"))
     else:
         print(src)

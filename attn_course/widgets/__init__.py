@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from .._notebook import saved_box
 from ..functional import attention
 from ..masks import causal_mask, combine
 
@@ -26,29 +27,6 @@ __all__ = ["interactive_figure", "AttentionExplorer", "ExplorerView", "SNAPSHOT_
 
 
 SNAPSHOT_NOTE = "Interactive explorer: run this cell to use its controls. The picture is its first state."
-
-
-def _explorer_box():
-    """A ``VBox`` whose saved output also carries a PNG of its first figure and a one-line note.
-
-    JupyterLab shows an untrusted (never-run) notebook's outputs with a safe renderer, so a plain
-    widget shows its text repr (``VBox(children=(HTML(...``). Putting ``image/png`` in the bundle makes
-    the committed notebook show the figure until the cell runs; once it runs, the live widget wins.
-    """
-    import ipywidgets as W
-
-    class Explorer(W.VBox):
-        snapshot: dict | None = None          # the first figure's {"image/png": ...} bundle
-        note: str = SNAPSHOT_NOTE
-
-        def _repr_mimebundle_(self, **kwargs):
-            bundle = super()._repr_mimebundle_(**kwargs)
-            bundle["text/plain"] = f"{self.note} ({self.title})" if self.title else self.note
-            if self.snapshot:
-                bundle.update(self.snapshot)
-            return bundle
-
-    return Explorer
 
 
 def interactive_figure(render: Callable[..., "object"], controls: dict, *, title: str | None = None):
@@ -71,8 +49,8 @@ def interactive_figure(render: Callable[..., "object"], controls: dict, *, title
     out = W.Output()
     header = [W.HTML(f"<b>{title}</b>")] if title else []
     row = W.HBox(list(controls.values()), layout=W.Layout(flex_flow="row wrap"))
-    box = _explorer_box()([*header, row, out])
-    box.title = title
+    box = saved_box("VBox")([*header, row, out])
+    box.saved_text = f"{SNAPSHOT_NOTE} ({title})" if title else SNAPSHOT_NOTE
 
     def redraw(_change=None):
         try:
