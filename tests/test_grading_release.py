@@ -79,7 +79,8 @@ def test_release_notebook():
     assert nbformat.writes(nb) == before                         # input untouched
     md, ex, chk, other, answer = out.cells
     assert ex.source == nbk.stub_source(SOLUTION, "01_attention_by_hand")
-    assert ex.outputs == [] and ex.execution_count is None and ex.metadata == nb.cells[1].metadata
+    assert ex.outputs == [] and ex.execution_count is None
+    assert ex.metadata == {**nb.cells[1].metadata, "deletable": False}     # as nbgrader's release
     assert chk.outputs == [] and chk.execution_count is None and chk.source == nb.cells[2].source
     assert other == nb.cells[3] and md == nb.cells[0] and out.metadata == nb.metadata
     assert answer.source == "Explain:\nYOUR ANSWER HERE"

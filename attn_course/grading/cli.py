@@ -8,6 +8,19 @@ import sys
 __all__ = ["main"]
 
 
+def _at_least(lo, kind=float):
+    """An argparse type: a number >= lo (an instructor's typo is refused, not charged to the learners)."""
+    def parse(text: str):
+        try:
+            x = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if x < lo:
+            raise argparse.ArgumentTypeError(f"must be at least {lo:g}, got {text}")
+        return x
+    return parse
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attn-course", description="Tools of the attention course.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -20,11 +33,13 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("submissions", nargs="+", metavar="SUBMISSION",
                    help="notebooks, or folders (every file inside is a submission)")
     g.add_argument("--out", required=True, help="output folder: grades.csv, <student>.json, <student>.feedback.md")
-    g.add_argument("--timeout", type=float, default=60.0, help="wall-clock seconds per sandboxed run (default 60)")
-    g.add_argument("--jobs", type=int, default=1, help="submissions graded in parallel (default 1)")
+    g.add_argument("--timeout", type=_at_least(1.0), default=60.0,
+                   help="wall-clock seconds per sandboxed run (default 60; checked on the course's solutions first)")
+    g.add_argument("--jobs", type=_at_least(1, int), default=1, help="submissions graded in parallel (default 1)")
     g.add_argument("--seed", type=int, default=None,
                    help="draw every submission's inputs from this seed (default: from the submission's content)")
-    g.add_argument("--memory", type=int, default=4096, help="address-space limit of the sandbox in MiB (default 4096)")
+    g.add_argument("--memory", type=_at_least(256, int), default=4096,
+                   help="address-space limit of the sandbox in MiB (default 4096; checked on the course's solutions first)")
     g.add_argument("--root", default=None, help="course checkout holding solutions/ (default: found upwards from cwd)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 

@@ -55,6 +55,7 @@ def release_notebook(nb) -> nbformat.NotebookNode:
         src = nbk.source_of(cell)
         if gid is not None:
             ids.add(gid)
+            cell.metadata["deletable"] = False          # as nbgrader's release: the grader finds answers by this cell
             cell.source = nbk.stub_source(src, gid)
             cell.outputs = []
             cell.execution_count = None
@@ -224,6 +225,10 @@ def release(root: str | Path | None = None, *, check: bool = False, stream=None)
     root = Path(root) if root is not None else find_root()
     sol_dir, ex_dir = root / "solutions", root / "exercises"
     sources = sorted(sol_dir.glob("*.ipynb"))
+    if not sources:                                                 # not a checkout: no false green
+        print(f"attn-course release: no solutions/*.ipynb under {root}: run it from the course checkout "
+              f"or pass --root /path/to/the/checkout", file=sys.stderr)
+        return 2
     stale = []
     metadata_problems = []
     for folder in STAMPED_FOLDERS:                                  # the Colab stamp, in place

@@ -418,21 +418,33 @@ def _distinguishing_folder(group: list[Path]) -> list[str] | None:
     return None
 
 
-def student_ids(files: list[Path]) -> list[str]:
-    """A unique student id per file, taken from where the file lies (see :func:`collect`)."""
+def student_ids(files: list[Path], owners: list[Path | None] | None = None) -> list[str]:
+    """A unique student id per file, taken from where the file lies (see :func:`collect`). ``owners[n]``:
+    the folder directly under the folder the instructor named that holds ``files[n]`` (None for a file
+    named directly or lying at the top of that folder)."""
+    owners = owners or [None] * len(files)
     ids: list[str | None] = [None] * len(files)
     stems = [f.stem if f.suffix == ".ipynb" else f.name.split(".")[0] or f.name for f in files]
     for n, f in enumerate(files):                              # 1. nbgrader's layout: the student folder
         ids[n] = _student_of(f)
+    by_folder: dict[str, list[int]] = {}
+    for n, owner in enumerate(owners):                         # 2. one folder per student: the folder
+        if ids[n] is None and owner is not None:
+            by_folder.setdefault(owner.name, []).append(n)
+    for name, group in by_folder.items():
+        dirs = sorted({owners[n] for n in group})
+        names = _distinguishing_folder([d / "_" for d in dirs]) if len(dirs) > 1 else [name]
+        for n in group:                                        # same name, other folders: what tells them apart
+            ids[n] = names[dirs.index(owners[n])] if names else name
     by_stem: dict[str, list[int]] = {}
     for n, stem in enumerate(stems):
         if ids[n] is None:
             by_stem.setdefault(stem, []).append(n)
     for stem, group in by_stem.items():
-        if len(group) == 1:                                    # 2. a unique file name: its stem
+        if len(group) == 1:                                    # 3. a unique file name: its stem
             ids[group[0]] = stem
             continue
-        names = _distinguishing_folder([files[n] for n in group])   # 3. shared file names: the folder
+        names = _distinguishing_folder([files[n] for n in group])   # 4. shared file names: the folder
         for j, n in enumerate(group):
             ids[n] = names[j] if names else stem
     count: dict[str, int] = {}
@@ -457,22 +469,26 @@ def collect(paths: list[str | Path]) -> list[Submission]:
 
     1. nbgrader's layout ``.../submitted/<student>/<assignment>/<notebook>.ipynb`` (also ``autograded/``,
        ``feedback/``): ``<student>``;
-    2. otherwise a notebook whose file name no other submission shares: its stem (``alice.ipynb``: alice);
-    3. notebooks sharing a file name (``alice/lesson01.ipynb``, ``bob/lesson01.ipynb``): the nearest
-       enclosing folder whose name tells them apart.
+    2. one folder per student (``class/carol/Copy of 01_….ipynb``, ``class/bob/hw2/lesson09.ipynb``): the
+       folder directly under the folder given — whatever the notebook is called;
+    3. otherwise a notebook whose file name no other submission shares: its stem (``alice.ipynb``: alice);
+    4. notebooks sharing a file name: the nearest enclosing folder whose name tells them apart.
 
     A student with several notebooks gets ``<student>/<notebook stem>``; any remaining clash ``_2``, ``_3`` …"""
     files: list[Path] = []
+    owners: list[Path | None] = []
     for p in map(Path, paths):
         if p.is_dir():
             for f in sorted(p.rglob("*.ipynb")):
                 rel = f.relative_to(p).parts
                 if f.is_file() and not any(part.startswith(".") for part in rel):
                     files.append(f)
+                    owners.append(Path(os.path.abspath(p / rel[0])) if len(rel) > 1 else None)
         else:
             files.append(p)
+            owners.append(None)
     absolute = [Path(os.path.abspath(f)) for f in files]
-    return [Submission(f, sid) for f, sid in zip(files, student_ids(absolute))]
+    return [Submission(f, sid) for f, sid in zip(files, student_ids(absolute, owners))]
 
 
 def _safe_name(student_id: str) -> str:
@@ -494,8 +510,9 @@ def feedback_text(report: dict) -> str:
     """The learner-facing feedback file (markdown)."""
     lines = [f"# Feedback for {report['student_id']}", ""]
     if report["error"]:
+        out_of = "" if report["max_score"] is None else f" / {_fmt(report['max_score'])}"
         lines += [f"**This submission could not be graded:** {report['error']}", "",
-                  f"Score: 0 / {_fmt(report['max_score'])}", ""]
+                  f"Score: 0{out_of}", ""]
         return "\n".join(lines)
     lines += [f"Lesson: `{report['lesson']}` — score **{_fmt(report['total'])} / {_fmt(report['max_score'])}**", ""]
     for ex_id, e in report["exercises"].items():
@@ -512,17 +529,27 @@ def feedback_text(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _error_row_max(report: dict, course: Course, lessons: list[str]) -> float | None:
+    """An ungradable submission's out-of: its file name's lesson (``01_….ipynb``), else the batch's only
+    lesson, else unknown (None) — the same number in grades.csv and in its feedback."""
+    stem = Path(report["submission"]).name
+    named = [lesson for lesson in course.ids if stem.startswith(lesson[:3])]
+    if len(named) == 1:
+        return course.max_score(named[0])
+    return course.max_score(lessons[0]) if len(lessons) == 1 else None
+
+
 def write_outputs(reports: list[dict], course: Course, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     lessons = [lesson for lesson in course.ids if any(r["lesson"] == lesson for r in reports)]
     columns = [i for lesson in lessons for i in course.ids[lesson]]
-    default_max = course.max_score(lessons[0]) if len(lessons) == 1 else 0.0
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["student_id", *columns, "total", "max_score"])
     for r in reports:
         if r["lesson"] is None:
-            row = ["0"] * len(columns) + ["0", _fmt(default_max)]
+            r["max_score"] = _error_row_max(r, course, lessons)
+            row = ["0"] * len(columns) + ["0", "" if r["max_score"] is None else _fmt(r["max_score"])]
         else:
             row = [_fmt(r["exercises"][c]["points"]) if c in r["exercises"] else "" for c in columns]
             row += [_fmt(r["total"]), _fmt(r["max_score"])]
@@ -535,13 +562,51 @@ def write_outputs(reports: list[dict], course: Course, out: Path) -> Path:
     return out / "grades.csv"
 
 
+class SettingsError(ValueError):
+    """The grader's settings would cost correct work its points (found on the course's own solutions)."""
+
+
+def calibrate(course: Course, lessons: list[str], opts: Options) -> None:
+    """Grade the trusted ``solutions/`` notebook of every lesson in the batch under ``opts`` first: if the
+    course's own solutions lose a point (a timeout or memory limit too small for this machine), the
+    settings are at fault, not the learners — raise :class:`SettingsError` before anyone is graded."""
+    for lesson in lessons:
+        path = course.root / "solutions" / f"{lesson}.ipynb"
+        r = grade_submission(Submission(path, "course solutions"), course, opts)
+        if r["error"] or r["total"] < r["max_score"]:
+            lost = [f"{i}: {e['cases'][0]['hint'] if e['cases'] else e['status']}" for i, e in r["exercises"].items()
+                    if e["points"] < e["max_points"]][:3]
+            raise SettingsError(
+                f"the course's own solutions to {lesson} score {_fmt(r['total'])}/{_fmt(r['max_score'])} under "
+                f"--timeout {opts.timeout:g} --memory {opts.memory_mb} on this machine"
+                + (f" ({r['error']})" if r["error"] else f" ({'; '.join(_short(x, 160) for x in lost)})")
+                + ": these settings would charge learners for them; raise --timeout / --memory and grade again")
+
+
+def _lessons_of(subs: list[Submission], course: Course) -> list[str]:
+    """The lessons the batch's notebooks belong to (read as JSON only; unreadable files are skipped)."""
+    found = set()
+    for sub in subs:
+        raw = _read_capped(sub.path, MAX_NOTEBOOK_BYTES) if sub.path.suffix == ".ipynb" else None
+        try:
+            lesson = course.identify(nbk.submission_sources(raw.decode("utf-8")), sub.path.stem) if raw else None
+        except (ValueError, UnicodeDecodeError):
+            lesson = None
+        if lesson:
+            found.add(lesson)
+    return [lesson for lesson in course.ids if lesson in found]
+
+
 def grade_batch(paths: list[str | Path], out: str | Path, opts: Options | None = None,
-                root: str | Path | None = None, progress: bool = True) -> list[dict]:
-    """Grade every submission under ``paths`` into ``out``; returns the reports in input order."""
+                root: str | Path | None = None, progress: bool = True, check_settings: bool = True) -> list[dict]:
+    """Grade every submission under ``paths`` into ``out``; returns the reports in input order. With
+    ``check_settings`` the course's solutions are graded first (:func:`calibrate`)."""
     from tqdm.auto import tqdm
     opts = opts or Options()
     course = Course(root)
     subs = collect(paths)
+    if check_settings:
+        calibrate(course, _lessons_of(subs, course), opts)
     reports: list[dict | None] = [None] * len(subs)
     with ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool, \
             tqdm(total=len(subs), desc="grading", unit="notebook", disable=not progress) as bar:
@@ -554,13 +619,25 @@ def grade_batch(paths: list[str | Path], out: str | Path, opts: Options | None =
 
 
 def grade_cli(args) -> int:
-    subs_given = [p for p in args.submissions if not Path(p).exists()]
-    if subs_given:
-        print(f"attn-course grade: no such file or folder: {', '.join(subs_given)}", file=sys.stderr)
+    def fail(msg: str) -> int:
+        print(f"attn-course grade: {msg}", file=sys.stderr)
         return 2
+    missing = [p for p in args.submissions if not Path(p).exists()]
+    if missing:
+        return fail(f"no such file or folder: {', '.join(missing)}")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        return fail(f"--out {args.out} is a file; give a folder (it is created if missing)")
+    try:
+        course = Course(args.root)
+    except FileNotFoundError as exc:
+        return fail(f"{exc}: run it from the course checkout, or pass --root /path/to/the/checkout "
+                    "(the folder holding solutions/)")
     opts = Options(timeout=args.timeout, memory_mb=args.memory, seed=args.seed, jobs=args.jobs)
     t0 = time.monotonic()
-    reports = grade_batch(args.submissions, args.out, opts, root=args.root, progress=not args.quiet)
+    try:
+        reports = grade_batch(args.submissions, args.out, opts, root=course.root, progress=not args.quiet)
+    except SettingsError as exc:
+        return fail(f"nothing was graded: {exc}")
     elapsed = time.monotonic() - t0
     errors = [r for r in reports if r["error"]]
     per = [r["_seconds"] for r in reports if not r["error"]]

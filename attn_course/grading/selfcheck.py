@@ -94,6 +94,7 @@ class CheckResult:
     details: list[str] = field(default_factory=list)      # where: "line 3: `F.softmax` (torch.nn.functional.softmax)"
     held_out: bool = False     # cases drawn from held_out_seed (nbgrader autograde), not the self-check seed
     captured: list[str] = field(default_factory=list)     # stderr text and warnings while the learner's code ran
+    unreachable: list[str] = field(default_factory=list)  # why the bulk grader would not see this answer as check() does
 
     @property
     def n_passed(self) -> int:
@@ -192,6 +193,7 @@ def _report_lines(ex: Exercise, result: CheckResult) -> list[tuple[str, str]]:
                  f"This is a self-check, not your grade.")
     lines = [("title", title)]
     lines += [("note", f"your code wrote this while it was checked: {text}") for text in result.captured]
+    lines += [("fail", f"⚠ {text}") for text in result.unreachable]
     if result.status == "not attempted":
         lines.append(("fail", "… not attempted yet: replace `raise NotImplementedError(...)` with your code, "
                               "run that cell, then this one."))
@@ -298,6 +300,26 @@ def _quiet(captured: list[str]):
                 captured.append(text if len(text) <= 300 else text[:297] + "...")
 
 
+def _unreachable(exercise_id: str, obj: Any) -> list[str]:
+    """Warnings for answers the grader cannot see as check() does (see :mod:`.reach`); never raises."""
+    from . import reach
+    out = []
+    try:
+        missing = reach.names_the_grader_lacks(obj, exercise_id, judged_source(obj))
+        if missing:
+            names = ", ".join(f"`{n}`" for n in missing)
+            out.append(f"your answer uses {names}, defined in another cell. The grader runs only this exercise's "
+                       f"cell (with the notebook's own cells), so there {names} would not exist (NameError) and "
+                       f"these points would be lost: move {'it' if len(missing) == 1 else 'them'} into this cell.")
+        if reach.exercise_cell_missing(exercise_id):
+            out.append(f"this notebook file has no cell marked as exercise {exercise_id} (was it deleted and "
+                       f"re-typed?). The grader finds your answer by that mark: paste your code into the original "
+                       f"exercise cell (a fresh copy of this notebook has it) and save.")
+    except Exception:                              # a warning helper must never break the self-check
+        pass
+    return out
+
+
 def check(exercise_id: str, obj: Any) -> CheckResult:
     """Self-check ``obj`` against exercise ``exercise_id``: shows a report and returns a :class:`CheckResult`
     (shown by IPython as its score, the number nbgrader reads).
@@ -316,5 +338,6 @@ def check(exercise_id: str, obj: Any) -> CheckResult:
     with torch.random.fork_rng(devices=[]), _quiet(captured):
         result = _run(ex, obj)
     result.captured = captured
+    result.unreachable = _unreachable(exercise_id, obj)
     _show(ex, result)
     return result
