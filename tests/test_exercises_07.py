@@ -122,7 +122,9 @@ def tpa_cache_elements(seq_len, num_heads, head_dim, k_rank, v_rank, batch_size)
 
 def test_cache_reference_passes_and_agrees_with_kv_cache_bytes():
     assert_all_pass("07_cache_elements", tpa_cache_elements)
-    assert_all_pass("07_cache_elements", lambda **p: kv_cache_bytes("tpa", dtype=torch.float16, **p) // 2)
+    names = ("seq_len", "num_heads", "head_dim", "k_rank", "v_rank", "batch_size")        # called positionally
+    assert_all_pass("07_cache_elements",
+                    lambda *a: kv_cache_bytes("tpa", dtype=torch.float16, **dict(zip(names, a))) // 2)
 
 
 def test_cache_seed_numbers():

@@ -136,7 +136,7 @@ def test_shared_rope_key_matches_measured_cache():
     (dict(per_head="no_latent"), "still caches the latent"),
 ])
 def test_shared_rope_key_mistakes_hinted(mistake, hint):
-    assert_hint("12_shared_rope_key", lambda **k: rope_key_costs(**k, **mistake), hint)
+    assert_hint("12_shared_rope_key", lambda *a: rope_key_costs(*a, **mistake), hint)
 
 
 # ---- 12_fix_buggy_mla --------------------------------------------------------------------------------

@@ -144,7 +144,7 @@ def _bytes_cases(gen):
 
 
 def _bytes_answer(fn, case):
-    return {"bytes": torch.tensor(int(fn(**case.params)), dtype=torch.int64)}
+    return {"bytes": torch.tensor(int(fn(*case.params.values())), dtype=torch.int64)}
 
 
 def _bytes_formula(p, *, kv=None, factor=2, layers=True, width=None):

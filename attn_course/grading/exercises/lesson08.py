@@ -260,7 +260,7 @@ def _tiles_cases(gen):
 
 
 def _tiles_answer(fn, case):
-    return {"tiles": torch.tensor(int(fn(**case.params)), dtype=torch.int64)}
+    return {"tiles": torch.tensor(int(fn(*case.params.values())), dtype=torch.int64)}
 
 
 def _tiles_count(L, block_q, block_k):
@@ -299,7 +299,7 @@ def _io_cases(gen):
 
 
 def _io_answer(fn, case):
-    return {"elements": torch.tensor(int(fn(**case.params)), dtype=torch.int64)}
+    return {"elements": torch.tensor(int(fn(*case.params.values())), dtype=torch.int64)}
 
 
 def _io_count(N, d, block_q, block_k, *, kv=2, per="q", writes=True):

@@ -158,7 +158,7 @@ def _rf_cases(gen):
 
 
 def _rf_answer(fn, case):
-    return {"tokens": _int(fn(**case.params))}
+    return {"tokens": _int(fn(*case.params.values()))}
 
 
 def _rf_expected(case):
@@ -197,7 +197,7 @@ def _cache_cases(gen):
 
 
 def _cache_answer(fn, case):
-    return {"bytes": _int(fn(**case.params))}
+    return {"bytes": _int(fn(*case.params.values()))}
 
 
 def _cache_bytes(p, *, length=None, factor=2):

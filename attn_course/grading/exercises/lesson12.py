@@ -37,7 +37,7 @@ def _cache_cases(gen):
 
 
 def _cache_answer(fn, case):
-    return {"bytes": torch.tensor(int(fn(**case.params)), dtype=torch.int64)}
+    return {"bytes": torch.tensor(int(fn(*case.params.values())), dtype=torch.int64)}
 
 
 def _cache_total(p, per_token, *, layers=True, batch=True, nbytes=True):
@@ -138,7 +138,7 @@ def _shared_cases(gen):
 
 
 def _shared_answer(fn, case):
-    return {"costs": torch.tensor([float(v) for v in fn(**case.params)], dtype=_F64)}
+    return {"costs": torch.tensor([float(v) for v in fn(*case.params.values())], dtype=_F64)}
 
 
 def _costs(p, *, per_head_latent=False, per_head_without_latent=False, group_width=2):
