@@ -44,7 +44,7 @@ import torch
 from . import notebook as nbk
 from .exercises import registry
 from .release import find_root
-from .selfcheck import case_seed, held_out_seed, judge_case
+from .selfcheck import held_out_cases, held_out_seed, judge_case
 from .spec import Case, Exercise
 
 __all__ = ["Options", "Course", "grade_batch", "grade_submission", "collect", "grade_cli"]
@@ -328,7 +328,7 @@ def _grade_into(report: dict, sub: Submission, course: Course, opts: Options) ->
     # held-out inputs: per exercise, from the learner's cell (the same as check() under nbgrader autograde)
     bases = {i: opts.seed if opts.seed is not None else held_out_seed(sources.get(i)) for i in ids}
     report["seeds"] = bases
-    cases = {i: reg[i].cases(torch.Generator().manual_seed(case_seed(i, bases[i]))) for i in ids}
+    cases = {i: held_out_cases(reg[i], bases[i]) for i in ids}
 
     # the same static check as check(): the whole exercise cell, only real references to forbidden APIs
     static = {i: reg[i].static_findings(nbk.strip_magics(sources[i])) for i in ids if i in sources}

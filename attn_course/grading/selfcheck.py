@@ -40,7 +40,7 @@ from .guard import RuntimeGuard, judged_source
 from .spec import Case, Exercise, validate
 
 __all__ = ["check", "CheckResult", "CaseResult", "judge_case", "describe_exception", "case_seed",
-           "held_out_seed", "in_nbgrader_autograde"]
+           "held_out_seed", "held_out_cases", "self_check_cases", "in_nbgrader_autograde"]
 
 SELF_CHECK_SEED = 20240601
 NBGRADER_ENV = "NBGRADER_EXECUTION"          # nbgrader sets it to "autograde" (or "validate") for the kernel
@@ -51,6 +51,42 @@ _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 def case_seed(exercise_id: str, base: int) -> int:
     """Seed of an exercise's case generator: ``base`` mixed with the id (different exercises differ)."""
     return (zlib.crc32(exercise_id.encode()) * 1_000_003 + int(base)) % (2**63 - 1)
+
+
+def _case_key(case: Case) -> str:
+    """A case's identity: its parameters and its input tensors' dtypes, shapes and bytes."""
+    def digest(t: torch.Tensor) -> str:
+        flat = t.detach().cpu().contiguous().reshape(-1)
+        return hashlib.sha256(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"").hexdigest()
+    tensors = {k: (str(v.dtype), tuple(v.shape), digest(v)) for k, v in sorted(case.inputs.items())}
+    return repr((sorted(case.params.items()), tensors))
+
+
+def self_check_cases(ex: Exercise) -> list[Case]:
+    """The cases :func:`check` draws and shows to the learner."""
+    return ex.cases(torch.Generator().manual_seed(case_seed(ex.id, SELF_CHECK_SEED)))
+
+
+def held_out_cases(ex: Exercise, base: int, tries: int = 64) -> list[Case]:
+    """The cases the grader (and :func:`check` under nbgrader autograde) draws for base seed ``base``: none of
+    them is a case the self-check shows. Case i comes from the first of ``tries`` draws (seeds derived from
+    ``base``) whose case i the self-check does not show; an exercise whose cases ignore the seed raises
+    (tests/test_grading_heldout.py draws every exercise)."""
+    shown = {_case_key(c) for c in self_check_cases(ex)}
+    seed = case_seed(ex.id, base)
+    out = ex.cases(torch.Generator().manual_seed(seed))
+    todo = [i for i, c in enumerate(out) if _case_key(c) in shown]
+    for attempt in range(1, tries):
+        if not todo:
+            break
+        alt = ex.cases(torch.Generator().manual_seed((seed + attempt * 7_919) % (2**63 - 1)))
+        for i in list(todo):
+            if i < len(alt) and _case_key(alt[i]) not in shown:
+                out[i] = alt[i]
+                todo.remove(i)
+    if todo:
+        raise ValueError(f"{ex.id}: cases {todo} are the self-check's whatever the seed; draw them from the generator")
+    return out
 
 
 def _normalised(source: str) -> str:
@@ -152,9 +188,8 @@ def _run(ex: Exercise, obj: Any) -> CheckResult:
     source = judged_source(obj)
     findings = ex.static_findings(source) if ex.static_forbidden else []
     found = {f.api for f in findings}
-    base = held_out_seed(source) if result.held_out else SELF_CHECK_SEED
-    gen = torch.Generator().manual_seed(case_seed(ex.id, base))
-    for case in ex.cases(gen):
+    cases = held_out_cases(ex, held_out_seed(source)) if result.held_out else self_check_cases(ex)
+    for case in cases:
         want = ex.expected(case)
         guard = RuntimeGuard(ex.forbidden)
         try:

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 
 __all__ = ["Case", "Verdict", "Exercise", "NotTiled", "validate", "close", "matches", "first_match", "diagnose",
-           "FORBID_SDPA", "FORBID_COURSE"]
+           "FORBID_SDPA", "FORBID_COURSE", "randint", "choice", "draw", "distinct"]
 
 # Names for the ``forbidden`` tuple: dotted APIs (attribute chains) or whole modules.
 FORBID_SDPA = ("torch.nn.functional.scaled_dot_product_attention",
@@ -186,3 +186,34 @@ def first_match(got: Any, candidates, *, same: Callable[[Any, Any], bool] = matc
 def diagnose(got: Any, candidates, default: str, *, same: Callable[[Any, Any], bool] = matches) -> Verdict:
     """A failing :class:`Verdict` naming the detected misconception (see :func:`first_match`), or ``default``."""
     return Verdict(False, first_match(got, candidates, same=same) or default)
+
+
+# ---- drawing held-out cases ------------------------------------------------------------------------------
+# Every exercise's cases depend on the generator it is given: the self-check and the grader draw from
+# different seeds, so the grader never grades on the cases the self-check shows
+# (:func:`~attn_course.grading.selfcheck.held_out_cases` also redraws any case that happens to coincide).
+
+def randint(gen: torch.Generator, lo: int, hi: int) -> int:
+    """A uniform integer in ``[lo, hi]`` (both included) from ``gen``."""
+    return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+
+
+def choice(gen: torch.Generator, seq):
+    """A uniform element of ``seq`` from ``gen``."""
+    return seq[randint(gen, 0, len(seq) - 1)]
+
+
+def draw(gen: torch.Generator, make: Callable[[torch.Generator], Any], ok: Callable[[Any], bool] = lambda x: True,
+         tries: int = 200):
+    """``make(gen)`` until ``ok`` accepts it — e.g. until every mistake a judge names gives a value different
+    from the answer and from the other mistakes on it, so that each hint can be told apart."""
+    for _ in range(tries):
+        x = make(gen)
+        if ok(x):
+            return x
+    raise RuntimeError(f"no acceptable case in {tries} draws: widen the ranges of {make}")
+
+
+def distinct(*values) -> bool:
+    """True when no two of ``values`` are equal (the answer and the values of the mistakes a judge names)."""
+    return len(set(values)) == len(values)

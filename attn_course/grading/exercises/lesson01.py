@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from ..spec import FORBID_COURSE, FORBID_SDPA, Case, Exercise, Verdict, close
+from ..spec import FORBID_COURSE, FORBID_SDPA, Case, Exercise, Verdict, close, randint
 
 __all__ = ["EXERCISES"]
 
@@ -148,11 +148,12 @@ def _attn_judge(got, want, case):
 def _mask_cases(gen):
     # every case has a sequence with at least two padded keys (so an off-by-one in the padding, a missing
     # padding mask and a missing causal mask all give different masks) and one without padding
-    cases = [Case("lengths [4, 2], L=4", {"lengths": torch.tensor([4, 2])}, {"L": 4}),
-             Case("lengths [5, 3, 1], L=5", {"lengths": torch.tensor([5, 3, 1])}, {"L": 5})]
-    lengths = torch.randint(1, 8, (4,), generator=gen)
-    lengths[0], lengths[1] = 7, 2
-    cases.append(Case(f"lengths {lengths.tolist()}, L=7", {"lengths": lengths}, {"L": 7}))
+    cases = []
+    for n in (2, 3, 4):
+        L = randint(gen, 4, 9)
+        lengths = torch.randint(1, L + 1, (n,), generator=gen)
+        lengths[0], lengths[1] = L, randint(gen, 1, L - 2)
+        cases.append(Case(f"lengths {lengths.tolist()}, L={L}", {"lengths": lengths}, {"L": L}))
     return cases
 
 
@@ -295,7 +296,8 @@ def _fix_judge(got, want, case):
 # ---- 01_score_std ---------------------------------------------------------------------------------------
 
 def _std_cases(gen):
-    return [Case(f"d_k = {d}", params={"d_k": d}) for d in (4, 16, 64, 100)]
+    return [Case(f"d_k = {d}", params={"d_k": d})
+            for d in (randint(gen, 2, 8), randint(gen, 9, 40), randint(gen, 41, 200), randint(gen, 201, 1024))]
 
 
 def _std_answer(fn, case):

@@ -11,7 +11,7 @@ import math
 import torch
 from einops import rearrange
 
-from ..spec import Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, close, diagnose
+from ..spec import Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, close, diagnose, randint
 
 __all__ = ["EXERCISES"]
 
@@ -144,8 +144,10 @@ def _mha_judge(got, want, case):
 # ---- 02_mha_flops -------------------------------------------------------------------------------------
 
 def _flops_cases(gen):
-    return [Case(f"B={B}, L={L}, d_model={D}", params={"B": B, "L": L, "d_model": D})
-            for B, L, D in [(1, 128, 64), (4, 1024, 512), (2, 4096, 1024), (3, 7, 48)]]
+    shapes = [(randint(gen, 1, 4), randint(gen, 2, 16), 8 * randint(gen, 2, 8)),
+              (randint(gen, 1, 8), randint(gen, 100, 2048), 64 * randint(gen, 2, 16)),
+              (randint(gen, 2, 4), randint(gen, 2048, 8192), 128 * randint(gen, 4, 16))]
+    return [Case(f"B={B}, L={L}, d_model={D}", params={"B": B, "L": L, "d_model": D}) for B, L, D in shapes]
 
 
 def _flops_answer(fn, case):

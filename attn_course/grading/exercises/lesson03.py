@@ -12,7 +12,7 @@ import math
 import torch
 from einops import rearrange
 
-from ..spec import Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, close, diagnose
+from ..spec import Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, close, diagnose, randint, choice, draw, distinct
 
 __all__ = ["EXERCISES"]
 
@@ -130,17 +130,36 @@ def _gqa_judge(got, want, case):
 
 # ---- 03_kv_cache_bytes --------------------------------------------------------------------------------
 
-_CFG = [  # (name, layers, H, H_kv, d_h, seq_len, batch, bytes per element)
-    ("LLaMA-2-70B, fp16, 2 sequences of 4k", 80, 64, 8, 128, 4096, 2, 2),
-    ("Mistral-7B, bf16, 8 sequences of 32k", 32, 32, 8, 128, 32768, 8, 2),
-    ("toy MQA, fp32", 3, 8, 1, 16, 100, 3, 4),
-    ("toy GQA, fp16", 5, 4, 2, 8, 10, 2, 2),
-]   # every case: H_kv < H, batch > 1, layers > 1, bytes > 1 — each mistake below changes every answer
+_MODELS = [  # (name, layers, H, H_kv, d_h): real configurations; the grader draws lengths, batch and dtype
+    ("LLaMA-2-70B", 80, 64, 8, 128),
+    ("Mistral-7B", 32, 32, 8, 128),
+    ("LLaMA-3-8B", 32, 32, 8, 128),
+    ("Qwen2-7B", 28, 28, 4, 128),
+]
 
 
 def _bytes_cases(gen):
-    return [Case(name, params=dict(zip(("num_layers", "num_heads", "num_kv_heads", "head_dim", "seq_len",
-                                        "batch_size", "bytes_per_element"), cfg))) for name, *cfg in _CFG]
+    keys = ("num_layers", "num_heads", "num_kv_heads", "head_dim", "seq_len", "batch_size", "bytes_per_element")
+    name, layers, H, H_kv, d_h = choice(gen, _MODELS)
+
+    def toy(H_kv_of, bpe):
+        def make(g):
+            H = 2 * randint(g, 2, 8)
+            return (randint(g, 3, 9), H, H_kv_of(H), 8 * randint(g, 1, 4), randint(g, 10, 500), randint(g, 3, 7), bpe)
+        return make
+    makers = [("", lambda g: (layers, H, H_kv, d_h, 1024 * randint(g, 1, 32), randint(g, 3, 8), choice(g, (2, 4)))),
+              ("toy MQA: ", toy(lambda H: 1, 4)), ("toy GQA: ", toy(lambda H: H // 2, 2))]
+    def ok(c, strict):          # no mistake gives the answer; on the MQA case each forgotten factor
+        answer, wrong = _bytes_formula(dict(zip(keys, c))), [v for _, v in _bytes_mistakes(dict(zip(keys, c)))]
+        return answer not in wrong and (not strict or distinct(answer, *wrong[1:3], *wrong[4:]))   # (×2, layers,
+        # bytes, batch) gives its own number (with one kv head, "num_heads kv heads" = "width d_model")
+    cases = []
+    for prefix, make in makers:
+        c = draw(gen, make, lambda c: ok(c, strict=prefix == "toy MQA: "))
+        title = prefix or f"{name}: "
+        cases.append(Case(f"{title}{c[0]} layers, H={c[1]}, H_kv={c[2]}, d_h={c[3]}, {c[5]} sequences of {c[4]}, "
+                          f"{c[6]} bytes per element", params=dict(zip(keys, c))))
+    return cases
 
 
 def _bytes_answer(fn, case):
@@ -158,11 +177,8 @@ def _bytes_expected(case):
     return {"bytes": torch.tensor(_bytes_formula(case.params), dtype=torch.int64)}
 
 
-def _bytes_judge(got, want, case):
-    g, p = int(got["bytes"]), case.params
-    if g == int(want["bytes"]):
-        return Verdict(True)
-    for hint, value in [
+def _bytes_mistakes(p) -> list[tuple[str, int]]:
+    return [
         ("you sized the cache with num_heads; only the num_kv_heads key/value heads are cached.", _bytes_formula(p, kv=p["num_heads"])),
         ("K and V are both cached: multiply by 2.", _bytes_formula(p, factor=1)),
         ("every layer has its own cache: multiply by num_layers.", _bytes_formula(p, layers=False)),
@@ -171,7 +187,14 @@ def _bytes_judge(got, want, case):
         ("that is the number of elements; multiply by bytes_per_element.", _bytes_formula(p) // p["bytes_per_element"]),
         ("every sequence of the batch has its own cache: multiply by batch_size.",
          _bytes_formula(p) // p["batch_size"]),
-    ]:
+    ]
+
+
+def _bytes_judge(got, want, case):
+    g, p = int(got["bytes"]), case.params
+    if g == int(want["bytes"]):
+        return Verdict(True)
+    for hint, value in _bytes_mistakes(p):
         if g == value:
             return Verdict(False, hint)
     return Verdict(False, f"expected 2 · layers · H_kv · d_h · seq_len · batch · bytes, got {g:,}.")

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from ..spec import Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, close, first_match, matches
+from ..spec import Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, close, first_match, matches, randint
 
 __all__ = ["EXERCISES"]
 
@@ -128,10 +128,13 @@ def _cross_judge(got, want, case):
 # ---- 04_mha_key_padding ---------------------------------------------------------------------------------
 
 def _kpm_cases(gen):
-    lengths = torch.randint(1, 7, (5,), generator=gen)
-    lengths[0] = 7
-    return [Case("lengths [3, 1], max_len 4", {"lengths": torch.tensor([3, 1])}, {"max_len": 4}),
-            Case(f"lengths {lengths.tolist()}, max_len 7", {"lengths": lengths}, {"max_len": 7})]
+    cases = []
+    for n in (2, 5):
+        max_len = randint(gen, 4, 9)
+        lengths = torch.randint(1, max_len, (n,), generator=gen)
+        lengths[0] = max_len                                          # one sequence without padding
+        cases.append(Case(f"lengths {lengths.tolist()}, max_len {max_len}", {"lengths": lengths}, {"max_len": max_len}))
+    return cases
 
 
 def _kpm_answer(fn, case):

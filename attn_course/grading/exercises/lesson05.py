@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from ..spec import Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, close, diagnose
+from ..spec import Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, close, diagnose, randint, choice, draw, distinct
 
 __all__ = ["EXERCISES"]
 
@@ -139,8 +139,14 @@ def _tw_judge(got, want, case):
 # ---- 05_rank_one_scale ----------------------------------------------------------------------------------
 
 def _r1_cases(gen):
-    vals = [(7, 2.0, 16), (12, 0.5, 64), (3, 3.0, 8), (int(torch.randint(2, 50, (1,), generator=gen)), 1.5, 32)]
-    return [Case(f"L={L}, ‖t̄‖={n}, d_h={d}", params={"L": L, "t_norm": n, "d_h": d}) for L, n, d in vals]
+    makers = [lambda g: (randint(g, 2, 20), randint(g, 3, 8) / 2, choice(g, (8, 16, 32))),
+              lambda g: (randint(g, 21, 200), randint(g, 1, 3) / 4, choice(g, (32, 64, 128))),
+              lambda g: (randint(g, 2, 50), 1.25 + randint(g, 0, 8) / 4, choice(g, (8, 64))),
+              lambda g: (randint(g, 2, 50), 1.5, 32)]
+    # every mistake below gives its own value, different from the answer (‖t̄‖ ≠ 1, L ≠ d_h, ...)
+    ok = lambda c: distinct(*(round(x, 9) for x in (_r1_c(*c), *(v for _, v in _r1_mistakes(*c)))))
+    return [Case(f"L={L}, ‖t̄‖={n}, d_h={d}", params={"L": L, "t_norm": n, "d_h": d})
+            for L, n, d in (draw(gen, make, ok) for make in makers)]
 
 
 def _r1_answer(fn, case):
@@ -157,12 +163,8 @@ def _r1_expected(case):
     return {"c": torch.tensor(_r1_c(p["L"], p["t_norm"], p["d_h"]), dtype=_F64)}
 
 
-def _r1_judge(got, want, case):
-    g = float(got["c"])
-    if math.isclose(g, float(want["c"]), rel_tol=1e-6):
-        return Verdict(True)
-    L, n, d = case.params["L"], case.params["t_norm"], case.params["d_h"]
-    cands = [
+def _r1_mistakes(L, n, d) -> list[tuple[str, float]]:
+    return [
         ("the √L is missing: TᵀT = L t̄t̄ᵀ (L equal rows) while ‖T‖_F = √L ‖t̄‖, which leaves √L.",
          1 / (n * math.sqrt(d))),
         ("you have L instead of √L: ‖T‖_F = √L ‖t̄‖ (the Frobenius norm of L equal rows), so L / √L = √L.",
@@ -171,8 +173,15 @@ def _r1_judge(got, want, case):
         ("‖t̄‖ appears once: t̄t̄ᵀ/‖T‖_F leaves one ‖t̄‖ in the denominator, not ‖t̄‖².",
          math.sqrt(L) / (n * n * math.sqrt(d))),
     ]
-    return diagnose(g, cands, "S = Q (TᵀT/‖T‖_F) Kᵀ/√d_h with T = L copies of t̄: write TᵀT and ‖T‖_F in "
-                              "terms of L and t̄.", same=lambda a, b: math.isclose(a, b, rel_tol=1e-6))
+
+
+def _r1_judge(got, want, case):
+    g = float(got["c"])
+    if math.isclose(g, float(want["c"]), rel_tol=1e-6):
+        return Verdict(True)
+    L, n, d = case.params["L"], case.params["t_norm"], case.params["d_h"]
+    return diagnose(g, _r1_mistakes(L, n, d), "S = Q (TᵀT/‖T‖_F) Kᵀ/√d_h with T = L copies of t̄: write TᵀT and "
+                    "‖T‖_F in terms of L and t̄.", same=lambda a, b: math.isclose(a, b, rel_tol=1e-6))
 
 
 # ---- 05_video_frames ------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..spec import Case, Exercise, FORBID_COURSE, Verdict, close, diagnose
+from ..spec import Case, Exercise, FORBID_COURSE, Verdict, close, diagnose, randint, choice
 
 __all__ = ["EXERCISES"]
 
@@ -144,7 +144,8 @@ def _apply_judge(got, want, case):
 
 def _params_cases(gen):
     out = []
-    for C, r, k in [(64, 16, 7), (32, 8, 3), (10, 4, 7)]:
+    for C, r, k in [(16 * randint(gen, 2, 8), choice(gen, (8, 16)), 7), (8 * randint(gen, 2, 8), choice(gen, (4, 8)), 3),
+                    (randint(gen, 5, 40), randint(gen, 2, 6), choice(gen, (3, 5, 7)))]:
         out.append(Case(f"CBAM(channels={C}, reduction={r}, kernel_size={k})", params={"C": C, "r": r, "k": k}))
     return out
 

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from ..spec import Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, close, first_match
+from ..spec import Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, close, first_match, randint, choice, draw, distinct
 
 __all__ = ["EXERCISES"]
 
@@ -204,10 +204,16 @@ def _which_judge(got, want, case):
 # ---- 07_cache_elements ----------------------------------------------------------------------------------
 
 def _cache_cases(gen):
-    shapes = [(1024, 12, 64, 2, 2, 3), (4096, 32, 128, 2, 1, 3), (100, 16, 64, 2, 3, 4)]     # batch > 1 everywhere
-    return [Case(f"seq_len={s}, H={H}, d_h={d}, R_k={rk}, R_v={rv}, batch={b}",
-                 params=dict(seq_len=s, num_heads=H, head_dim=d, k_rank=rk, v_rank=rv, batch_size=b))
-            for s, H, d, rk, rv, b in shapes]
+    keys = ("seq_len", "num_heads", "head_dim", "k_rank", "v_rank", "batch_size")
+    makers = [lambda g: (1024 * randint(g, 1, 8), choice(g, (12, 16, 32)), choice(g, (64, 128)), 2, randint(g, 1, 2),
+                         randint(g, 2, 8)),
+              lambda g: (1024 * randint(g, 2, 32), choice(g, (32, 64)), 128, randint(g, 1, 2), 1, randint(g, 2, 4)),
+              lambda g: (randint(g, 10, 999), randint(g, 2, 16), 8 * randint(g, 1, 8), randint(g, 1, 4),
+                         randint(g, 1, 4), randint(g, 2, 8))]
+    # batch > 1 everywhere, and every mistake below gives its own number, different from the answer
+    ok = lambda c: distinct(_cache_elements(dict(zip(keys, c))), *(v for v, _ in _cache_mistakes(dict(zip(keys, c)))))
+    return [Case("seq_len={}, H={}, d_h={}, R_k={}, R_v={}, batch={}".format(*c), params=dict(zip(keys, c)))
+            for c in (draw(gen, make, ok) for make in makers)]
 
 
 def _cache_answer(fn, case):
@@ -220,21 +226,28 @@ def _cache_expected(case):
                                      * (p["num_heads"] + p["head_dim"]), dtype=torch.int64)}
 
 
-def _cache_judge(got, want, case):
-    g, w = int(got["elements"]), int(want["elements"])
-    if g == w:
-        return Verdict(True)
-    p = case.params
+def _cache_elements(p) -> int:
+    return p["batch_size"] * p["seq_len"] * (p["k_rank"] + p["v_rank"]) * (p["num_heads"] + p["head_dim"])
+
+
+def _cache_mistakes(p) -> list[tuple[int, str]]:
+    w = _cache_elements(p)
     L, H, d, rk, rv, b = (p[k] for k in ("seq_len", "num_heads", "head_dim", "k_rank", "v_rank", "batch_size"))
-    candidates = [
-        (2 * w, "you counted keys and values twice (seed 000's 2·L·(R_k+R_v)·(H+d_h)): R_k + R_v already "
-                "covers both."),
+    return [
+        (2 * w, "you counted keys and values twice (2·L·(R_k+R_v)·(H+d_h), as a widely shared blog post's TPA code "
+                "does): R_k + R_v already covers both."),
         (b * L * 2 * H * d, "that is the MHA cache, 2·H·d_h per token; TPA caches the factors A_k, B_k, A_v, B_v."),
         (b * L * (rk + rv) * H * d, "a rank-R factor pair of an H×d_h matrix holds R·(H + d_h) numbers, not R·H·d_h."),
         (b * L * rk * (H + d), "the values' factors A_v, B_v are cached too: (R_k + R_v)·(H + d_h) per token."),
         (w // b, "multiply by the batch size: every sequence has its own cache."),
     ]
-    for value, hint in candidates:
+
+
+def _cache_judge(got, want, case):
+    g, w = int(got["elements"]), int(want["elements"])
+    if g == w:
+        return Verdict(True)
+    for value, hint in _cache_mistakes(case.params):
         if g == value:
             return Verdict(False, hint)
     return Verdict(False, f"got {g:,}, expected {w:,} elements: per token TPA caches (R_k + R_v)·(H + d_h).")

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from ..spec import FORBID_COURSE, FORBID_SDPA, Case, Exercise, Verdict, close
+from ..spec import FORBID_COURSE, FORBID_SDPA, Case, Exercise, Verdict, close, randint, choice, draw, distinct
 
 __all__ = ["EXERCISES"]
 
@@ -253,10 +253,16 @@ def _bwd_judge(got, want, case):
 # ---- 08_causal_tiles ----------------------------------------------------------------------------------
 
 def _tiles_cases(gen):
+    def one(gen):
+        L, bq, bk = randint(gen, 64, 4096), choice(gen, (16, 32, 64, 128, 7, 48)), choice(gen, (16, 32, 64, 128, 11, 96))
+        Tq, Tk = -(-L // bq), -(-L // bk)
+        answer = _tiles_count(L, bq, bk)
+        return L, bq, bk, distinct(answer, Tq * (Tq + 1) // 2, Tk * (Tk + 1) // 2, Tq * Tk)
+    # block_q != block_k everywhere (with equal blocks T(T+1)/2 is right), and on no case does a
+    # mistake below coincide with the answer or with another mistake
+    shapes = [draw(gen, one, lambda x: x[3]) for _ in range(4)]
     return [Case(f"L={L}, block_q={bq}, block_k={bk}", params={"L": L, "block_q": bq, "block_k": bk})
-            # block_q != block_k everywhere (with equal blocks T(T+1)/2 is right), and on no case does a
-            # mistake below coincide with the answer or with another mistake (tests/test_exercises_08.py)
-            for L, bq, bk in [(1024, 128, 64), (1000, 64, 96), (512, 32, 128), (300, 32, 128), (100, 7, 11)]]
+            for L, bq, bk, _ in shapes]
 
 
 def _tiles_answer(fn, case):
@@ -293,9 +299,14 @@ def _tiles_judge(got, want, case):
 # ---- 08_hbm_traffic -----------------------------------------------------------------------------------
 
 def _io_cases(gen):
-    return [Case(f"N={N}, d={d}, B_r={br}, B_c={bc}", params={"N": N, "d": d, "block_q": br, "block_k": bc})
-            for N, d, br, bc in [(4096, 64, 128, 64), (1000, 32, 64, 100), (512, 128, 16, 128), (100, 8, 30, 7)]]
+    def one(gen):
+        N, d = randint(gen, 64, 8192), choice(gen, (8, 32, 64, 128))
+        br, bc = choice(gen, (16, 30, 64, 128)), choice(gen, (7, 32, 64, 100, 128))
+        p = {"N": N, "d": d, "block_q": br, "block_k": bc}
+        return p, distinct(_io_count(**p), _io_count(**p, kv=1), _io_count(**p, per="k"), _io_count(**p, writes=False))
     # B_r != B_c everywhere: counting passes per key tile must differ from per query block
+    return [Case(f"N={p['N']}, d={p['d']}, B_r={p['block_q']}, B_c={p['block_k']}", params=p)
+            for p, _ in (draw(gen, one, lambda x: x[1]) for _ in range(4))]
 
 
 def _io_answer(fn, case):
