@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from ..spec import FORBID_COURSE, FORBID_SDPA, Case, Exercise, Verdict, close, diagnose
+from ..spec import FORBID_COURSE, FORBID_SDPA, Case, Exercise, Verdict, close, diagnose, randint, draw
 
 __all__ = ["EXERCISES"]
 
@@ -34,10 +34,14 @@ def _dilated(L, w, r, *, reach=None, causal=True, strict=True):
 
 
 def _dil_cases(gen):
-    out = []
-    for L, w, r in [(12, 3, 2), (17, 4, 3), (9, 2, 4), (20, 5, 2)]:
-        out.append(Case(f"L={L}, window={w}, dilation={r}", params={"L": L, "window": w, "dilation": r}))
-    return out
+    def make(g):
+        L, w, r = randint(g, 8, 24), randint(g, 2, 5), randint(g, 2, 4)
+        masks = [_dilated(L, w, r), ~_dilated(L, w, r), _dilated(L, w, r, strict=False), _dilated(L, w, r, reach=w),
+                 _dilated(L, w, r, causal=False)]
+        return L, w, r, all(not torch.equal(a, b) for n, a in enumerate(masks) for b in masks[n + 1:])
+    # each mistake below gives its own mask, different from the answer
+    return [Case(f"L={L}, window={w}, dilation={r}", params={"L": L, "window": w, "dilation": r})
+            for L, w, r, _ in (draw(gen, make, lambda x: x[3]) for _ in range(4))]
 
 
 def _dil_answer(fn, case):
@@ -68,8 +72,17 @@ def _dil_judge(got, want, case):
 # ---- 09_window_density --------------------------------------------------------------------------------
 
 def _density_cases(gen):
-    return [Case(f"L={L}, window={W}", params={"L": L, "window": W})
-            for L, W in [(10, 3), (4096, 256), (7, 9), (32768, 4096), (100, 30)]]
+    shapes = [(randint(gen, 5, 20), None), (randint(gen, 1000, 5000), randint(gen, 64, 512)), (None, None),
+              (randint(gen, 16384, 40000), 1024 * randint(gen, 1, 4)), (randint(gen, 50, 200), None)]
+    out = []
+    for n, (L, W) in enumerate(shapes):
+        if n == 2:                                                   # a window longer than the sequence
+            L = randint(gen, 3, 10)
+            W = randint(gen, L + 1, 2 * L)
+        elif W is None:
+            W = randint(gen, 2, L - 1)
+        out.append(Case(f"L={L}, window={W}", params={"L": L, "window": W}))
+    return out
 
 
 def _density_answer(fn, case):
@@ -98,7 +111,7 @@ def _density_judge(got, want, case):
         ("density is a fraction of all L² pairs, between 0 and 1 — divide the count of visible pairs by L·L.",
          t(_pairs_count(L, W))),
     ], "count the visible (i, j) pairs — row i sees min(i + 1, W) keys — and divide by L².",
-        same=lambda a, b: bool(torch.isclose(a, b, rtol=1e-9, atol=1e-12)))
+        same=lambda a, b: b is not None and bool(torch.isclose(a, b, rtol=1e-9, atol=1e-12)))
 
 
 # ---- 09_mask_mod --------------------------------------------------------------------------------------
@@ -110,8 +123,15 @@ def _mm_ref(i, j, W, n, *, causal_sink=True, strict=True, sinks=True):
 
 
 def _mm_cases(gen):
+    def make(g):
+        L, W, n = randint(g, 10, 24), randint(g, 2, 6), randint(g, 1, 4)
+        i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
+        masks = [_mm_ref(i, j, W, n), _mm_ref(i, j, W, n, causal_sink=False), _mm_ref(i, j, W, n, strict=False),
+                 _mm_ref(i, j, W, n, sinks=False)]
+        return L, W, n, all(not torch.equal(a, b) for k, a in enumerate(masks) for b in masks[k + 1:])
+    # each mistake below gives its own mask, different from the answer
     return [Case(f"L={L}, window={W}, n_sink={n}", params={"L": L, "window": W, "n_sink": n})
-            for L, W, n in [(16, 4, 2), (20, 3, 2), (12, 5, 4), (24, 6, 3)]]
+            for L, W, n, _ in (draw(gen, make, lambda x: x[3]) for _ in range(4))]
 
 
 def _mm_answer(make, case):
@@ -150,11 +170,16 @@ def _mm_judge(got, want, case):
 # ---- 09_receptive_field -------------------------------------------------------------------------------
 
 def _rf_cases(gen):
+    L0 = 1024 * randint(gen, 33, 128)
+    n1, W1 = randint(gen, 2, 6), randint(gen, 2, 10)
+    n2, W2 = randint(gen, 4, 8), randint(gen, 5, 12)
+    n3, W3 = randint(gen, 2, 3), randint(gen, 32, 128)
+    L1, L2, L3 = randint(gen, n1 * W1 + 1, 300), randint(gen, W2 + 1, n2 * (W2 - 1)), randint(gen, n3 * W3 + 1, 4000)
     return [Case(name, params={"num_layers": n, "window": W, "seq_len": L}) for name, n, W, L in [
-        ("Mistral 7B: 32 layers, W=4096, 128k context", 32, 4096, 131072),
-        ("4 layers, W=3, L=100", 4, 3, 100),
-        ("6 layers, W=10, L=30 (the stack already sees everything)", 6, 10, 30),
-        ("2 layers, W=64, L=1000", 2, 64, 1000)]]
+        (f"Mistral 7B: 32 layers, W=4096, {L0 // 1024}k context", 32, 4096, L0),
+        (f"{n1} layers, W={W1}, L={L1}", n1, W1, L1),
+        (f"{n2} layers, W={W2}, L={L2} (the stack already sees everything)", n2, W2, L2),
+        (f"{n3} layers, W={W3}, L={L3}", n3, W3, L3)]]
 
 
 def _rf_answer(fn, case):
@@ -184,16 +209,14 @@ def _rf_judge(got, want, case):
 
 # ---- 09_rolling_cache_bytes ---------------------------------------------------------------------------
 
-_CACHE = [  # name, layers, H_kv, d_h, window, tokens, batch, bytes/elt
-    ("Mistral 7B (bf16), 32k tokens decoded", 32, 8, 128, 4096, 32768, 1, 2),
-    ("toy fp32, 10 tokens with W=16", 2, 2, 8, 16, 10, 3, 4),
-    ("toy fp16, 1000 tokens with W=64", 4, 1, 16, 64, 1000, 2, 2),
-]
-
-
 def _cache_cases(gen):
     keys = ("num_layers", "num_kv_heads", "head_dim", "window", "tokens", "batch_size", "bytes_per_element")
-    return [Case(name, params=dict(zip(keys, cfg)), ) for name, *cfg in _CACHE]
+    W2, W3 = 8 * randint(gen, 2, 8), 16 * randint(gen, 2, 8)
+    t1, t2, t3 = 1024 * randint(gen, 5, 64), randint(gen, 2, W2 - 1), randint(gen, W3 + 1, 2000)
+    cfgs = [(f"Mistral 7B (bf16), {t1} tokens decoded", 32, 8, 128, 4096, t1, 1, 2),
+            (f"toy fp32, {t2} tokens with W={W2}", randint(gen, 2, 4), randint(gen, 1, 4), 8, W2, t2, randint(gen, 2, 4), 4),
+            (f"toy fp16, {t3} tokens with W={W3}", randint(gen, 2, 6), 1, 16, W3, t3, randint(gen, 2, 4), 2)]
+    return [Case(name, params=dict(zip(keys, cfg))) for name, *cfg in cfgs]
 
 
 def _cache_answer(fn, case):

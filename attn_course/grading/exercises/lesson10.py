@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..spec import FORBID_COURSE, FORBID_SDPA, Case, Exercise, Verdict, close, diagnose
+from ..spec import FORBID_COURSE, FORBID_SDPA, Case, Exercise, Verdict, close, diagnose, randint, choice, draw, distinct
 
 __all__ = ["EXERCISES"]
 
@@ -227,8 +227,19 @@ def _crossover(E, Ev, *, strict=True, pv=True):
         L += 1
 
 
+_TIES = [(E, Ev) for E in range(2, 40) for Ev in range(2, 40)        # the counts are equal at some integer L
+         if E * (4 * Ev + 3) % (2 * (E + Ev)) == 0 and E * (4 * Ev + 3) // (2 * (E + Ev)) > 1]
+
+
 def _cross_cases(gen):
-    return [Case(f"E={E}, Ev={Ev}", params={"E": E, "Ev": Ev}) for E, Ev in [(64, 64), (6, 3), (128, 64), (16, 256)]]
+    def make(g):
+        E, Ev = choice(g, (16, 32, 64, 128)) + randint(g, 0, 3), choice(g, (16, 64, 128, 256))
+        return E, Ev, distinct(_crossover(E, Ev), _crossover(E, Ev, pv=False), _crossover(E, Ev) - 1)
+    # each mistake below gives its own L, different from the answer; one case has a tie (where "<=" and "<"
+    # answer differently)
+    shapes = [draw(gen, make, lambda x: x[2])[:2] for _ in range(3)]
+    shapes.insert(1, choice(gen, _TIES))
+    return [Case(f"E={E}, Ev={Ev}", params={"E": E, "Ev": Ev}) for E, Ev in shapes]
 
 
 def _cross_answer(fn, case):

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from ..spec import Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, close, diagnose
+from ..spec import Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, close, diagnose, randint, choice, draw, distinct
 
 __all__ = ["EXERCISES"]
 
@@ -36,8 +36,9 @@ def _sin(positions, dim, *, layout="interleaved", two=True, swap=False):
 
 def _sin_cases(gen):
     out = []
-    for L, dim, start in ((6, 8, 0), (5, 16, 3), (4, 32, 100)):
-        pos = torch.arange(start, start + L) if start < 50 else torch.randperm(500, generator=gen)[:L]
+    for L, dim, start in ((randint(gen, 4, 8), choice(gen, (8, 12)), 0), (randint(gen, 3, 7), 16, randint(gen, 1, 20)),
+                          (randint(gen, 3, 6), 32, None)):
+        pos = torch.arange(start, start + L) if start is not None else torch.randperm(500, generator=gen)[:L]
         out.append(Case(f"positions {pos.tolist()}, dim={dim}", {"positions": pos}, {"dim": dim}))
     return out
 
@@ -219,9 +220,18 @@ def _params(D, H, Hkv, F, *, kv="gqa", ffn=3, norms=2, qk="head"):
 
 
 def _params_cases(gen):
+    def make(g):
+        H = choice(g, (4, 8, 12, 16))
+        D = H * choice(g, (8, 16, 64))
+        Hkv = choice(g, [h for h in (1, 2, 4) if H % h == 0 and h < H])
+        F = 8 * randint(g, D // 8, 4 * D // 8)
+        args = (D, H, Hkv, F)
+        return args, distinct(_params(*args), _params(*args, kv="full"), _params(*args, ffn=2),
+                              _params(*args, qk="model"), _params(*args, qk="none"), _params(*args, norms=0))
+    # GQA everywhere (num_kv_heads < num_heads) and each mistake below gives its own count
     return [Case(f"d_model={D}, num_heads={H}, num_kv_heads={Hkv}, ffn_dim={F}",
                  params=dict(d_model=D, num_heads=H, num_kv_heads=Hkv, ffn_dim=F))
-            for D, H, Hkv, F in ((64, 8, 2, 176), (512, 8, 1, 1368), (96, 12, 4, 256))]
+            for (D, H, Hkv, F), _ in (draw(gen, make, lambda x: x[1]) for _ in range(3))]
 
 
 def _params_answer(fn, case):

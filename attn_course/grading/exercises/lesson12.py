@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from ..spec import Case, Exercise, FORBID_COURSE, Verdict, close, diagnose
+from ..spec import Case, Exercise, FORBID_COURSE, Verdict, close, diagnose, randint, choice, draw, distinct
 from .lesson07 import _rope
 
 __all__ = ["EXERCISES"]
@@ -31,9 +31,19 @@ _CACHE_KEYS = ("seq_len", "batch_size", "num_layers", "num_heads", "kv_lora_rank
 
 
 def _cache_cases(gen):
-    shapes = [(4096, 3, 60, 128, 512, 64, 2), (1000, 5, 2, 8, 64, 16, 4), (7, 3, 6, 16, 32, 8, 2)]
+    makers = [lambda g: (1024 * randint(g, 1, 32), randint(g, 2, 8), 60, 128, 512, 64, 2),    # DeepSeek-V2's shapes
+              lambda g: (randint(g, 100, 5000), randint(g, 3, 8), randint(g, 3, 6), 8, 64, 16, 4),
+              lambda g: (randint(g, 3, 50), randint(g, 3, 5), randint(g, 3, 8), 16, 32, 8, 2)]
+
+    def ok(s):                  # each mistake gives its own number (batch, layers, bytes all differ)
+        p = dict(zip(_CACHE_KEYS, s))
+        H, dc, dr = p["num_heads"], p["kv_lora_rank"], p["qk_rope_head_dim"]
+        return distinct(_cache_total(p, dc + dr), _cache_total(p, dc + H * dr), _cache_total(p, dc),
+                        _cache_total(p, 2 * dc + dr), _cache_total(p, 2 * (dc + dr)),
+                        _cache_total(p, dc + dr, nbytes=False), _cache_total(p, dc + dr, layers=False),
+                        _cache_total(p, dc + dr, batch=False))
     return [Case(", ".join(f"{k}={v}" for k, v in zip(_CACHE_KEYS, s)), params=dict(zip(_CACHE_KEYS, s)))
-            for s in shapes]
+            for s in (draw(gen, make, ok) for make in makers)]
 
 
 def _cache_answer(fn, case):
@@ -131,7 +141,9 @@ def _absorb_judge(got, want, case):
 # ---- 12_shared_rope_key ---------------------------------------------------------------------------------
 
 def _shared_cases(gen):
-    shapes = [(128, 128, 512, 64), (32, 128, 256, 32), (16, 64, 128, 16)]
+    shapes = [(128, 128, 512, 64), (choice(gen, (16, 32, 64)), 128, choice(gen, (256, 512)), choice(gen, (32, 64))),
+              (choice(gen, (4, 8, 16)), choice(gen, (32, 64)), choice(gen, (64, 128)), choice(gen, (8, 16)))]
+    shapes[0] = (choice(gen, (64, 128)), 128, 512, 64)             # DeepSeek-V2 (128 heads) or V2-Lite-like (64)
     return [Case(f"num_heads={H}, head_dim={d}, kv_lora_rank={dc}, qk_rope_head_dim={dr}",
                  params=dict(num_heads=H, head_dim=d, kv_lora_rank=dc, qk_rope_head_dim=dr))
             for H, d, dc, dr in shapes]

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from ..spec import Case, Exercise, FORBID_COURSE, Verdict, close, diagnose
+from ..spec import Case, Exercise, FORBID_COURSE, Verdict, close, diagnose, randint, choice
 
 __all__ = ["EXERCISES"]
 
@@ -96,7 +96,8 @@ def _merge_judge(got, want, case):
 # ---- 13_ring_schedule ---------------------------------------------------------------------------------
 
 def _sched_cases(gen):
-    return [Case(f"P={P}", params={"world": P}) for P in (3, 4, 5)]      # P = 2 cannot tell r+t from r−t
+    return [Case(f"P={P}", params={"world": P})                    # P = 2 cannot tell r+t from r−t
+            for P in (randint(gen, 3, 4), randint(gen, 5, 6), randint(gen, 7, 9))]
 
 
 def _sched_answer(fn, case):
@@ -126,8 +127,11 @@ def _sched_judge(got, want, case):
 # ---- 13_zigzag_positions ------------------------------------------------------------------------------
 
 def _zig_cases(gen):
-    return [Case(f"rank {r} of P={P}, L={L}", params={"rank": r, "world": P, "L": L})
-            for r, P, L in [(0, 2, 8), (1, 4, 16), (2, 3, 12), (0, 4, 24)]]
+    out = []
+    for P in (2, randint(gen, 3, 4), randint(gen, 3, 5), randint(gen, 4, 8)):
+        r, L = randint(gen, 0, P - 1), 2 * P * randint(gen, 1, 4)
+        out.append(Case(f"rank {r} of P={P}, L={L}", params={"rank": r, "world": P, "L": L}))
+    return out
 
 
 def _zig_answer(fn, case):
@@ -162,9 +166,13 @@ def _zig_judge(got, want, case):
 # ---- 13_ring_bytes ------------------------------------------------------------------------------------
 
 def _bytes_cases(gen):
+    P1, P2, P3 = choice(gen, (4, 8)), choice(gen, (4, 8, 16)), randint(gen, 3, 7)     # P = 2: P hops = a shard of L
+    cfgs = [(P1, 1, choice(gen, (8, 16)), P1 * 512 * randint(gen, 1, 8), 64, 2),
+            (P2, randint(gen, 2, 4), 32, P2 * 1024 * randint(gen, 4, 32), 128, 2),
+            (P3, 1, randint(gen, 2, 9), P3 * randint(gen, 4, 40), 16, 4)]
     return [Case(f"P={P}, B={B}, H={H}, L={L}, E={E}, {nb} B/elem",
                  params={"world": P, "batch": B, "heads": H, "seq_len": L, "head_dim": E, "elem_bytes": nb})
-            for P, B, H, L, E, nb in [(4, 1, 8, 4096, 64, 2), (8, 2, 32, 131072, 128, 2), (3, 1, 5, 96, 16, 4)]]
+            for P, B, H, L, E, nb in cfgs]
 
 
 def _bytes_answer(fn, case):
@@ -207,7 +215,8 @@ SKIP, DIAGONAL, FULL = 0, 1, 2
 
 
 def _blocks_cases(gen):
-    return [Case(f"contiguous layout, P={P}", params={"world": P}) for P in (2, 3, 5)]
+    return [Case(f"contiguous layout, P={P}", params={"world": P})
+            for P in (randint(gen, 2, 3), randint(gen, 4, 5), randint(gen, 6, 8))]
 
 
 def _blocks_answer(fn, case):
