@@ -169,7 +169,7 @@ def test_gqa_mqa_mha_are_non_contextual_tpa(H, Hkv):
 
 
 def seed_tpa_forward(m: TensorProductAttention, x: torch.Tensor):
-    """Seed 000's forward (rank-major views, no 1/R, scores (B,L,H,d)@(B,L,d,H)), on m's weights.
+    """The blog post's forward (rank-major views, no 1/R, scores (B,L,H,d)@(B,L,d,H)), on m's weights.
 
     Returns (output, its "attention weights", the per-token attention result before the final view)."""
     b, L, _ = x.shape
@@ -260,7 +260,7 @@ def test_cache_explorer_numbers_and_figure():
 
 
 def test_seed_cache_claim_versus_real_cache():
-    """Seed 000: '2·1024·(2+2)·(12+64) = 589824, about 63% saved'. The real cache: 311,296, 80.2% saved."""
+    """The blog post: '2·1024·(2+2)·(12+64) = 589824, about 63% saved'. The real cache: 311,296, 80.2% saved."""
     m = TensorProductAttention(16, 12, 64, 6, 2, 2)
     cache = TPACache()
     with torch.no_grad():

@@ -2,8 +2,8 @@
 
 References are computed here in float64 from the formulas of Zhang et al. 2025 (independently of the
 learner and of ``attn_course.tpa``). Hints are *detected*: each judge computes what the common mistakes
-(no 1/R, 1/√R, rank-major views, RoPE pairing/sign/frequency, rotating V or the rank axis, the seed's
-head-mixing scores, the seed's cache arithmetic) would produce on the same inputs and names the match.
+(no 1/R, 1/√R, rank-major views, RoPE pairing/sign/frequency, rotating V or the rank axis, the blog post's
+head-mixing scores, the blog post's cache arithmetic) would produce on the same inputs and names the match.
 """
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def _combine_judge(got, want, case):
     if close(got["out"], want["out"]):
         return Verdict(True)
     rank_major = "the head factors are laid out head-major: view W_A's output as (B, L, H, R), not (R, H) " \
-                 "(seed 000's view(b, L, r, h) pairs every number with the wrong head and rank)"
+                 "(the blog post's view(b, L, r, h) pairs every number with the wrong head and rank)"
     candidates = [
         ("you summed the R outer products without dividing by R: Q_t = (1/R) Σ_r a_r ⊗ b_r.",
          {"out": _combine(*_views(case), scale="none")}),
@@ -234,8 +234,8 @@ def _cache_mistakes(p) -> list[tuple[int, str]]:
     w = _cache_elements(p)
     L, H, d, rk, rv, b = (p[k] for k in ("seq_len", "num_heads", "head_dim", "k_rank", "v_rank", "batch_size"))
     return [
-        (2 * w, "you counted keys and values twice (2·L·(R_k+R_v)·(H+d_h), as a widely shared blog post's TPA code "
-                "does): R_k + R_v already covers both."),
+        (2 * w, "you counted keys and values twice (the blog post's 2·L·(R_k+R_v)·(H+d_h)): R_k + R_v already "
+                "covers both."),
         (b * L * 2 * H * d, "that is the MHA cache, 2·H·d_h per token; TPA caches the factors A_k, B_k, A_v, B_v."),
         (b * L * (rk + rv) * H * d, "a rank-R factor pair of an H×d_h matrix holds R·(H + d_h) numbers, not R·H·d_h."),
         (b * L * rk * (H + d), "the values' factors A_v, B_v are cached too: (R_k + R_v)·(H + d_h) per token."),
@@ -278,7 +278,7 @@ def _attend(Q, K, V, *, causal=True, scale=True):
 
 
 def _seed_attend(Q, K, V, *, causal=False):
-    """Seed 000: scores (B, L, H, d) @ (B, L, d, H) — heads attend to heads of the same token (with
+    """The blog post's code: scores (B, L, H, d) @ (B, L, d, H) — heads attend to heads of the same token (with
     ``causal``, the learner's added mask, H × H lower-triangular)."""
     q, k, v = (t.to(_F64) for t in (Q, K, V))
     s = q @ k.transpose(2, 3) / math.sqrt(q.shape[-1])
@@ -308,10 +308,10 @@ def _fix_judge(got, want, case):
         return Verdict(True)
     Q, K, V = (case.inputs[n] for n in "QKV")
     candidates = [
-        ("this is still the seed's computation: with Q in (B, L, H, d) layout, Q @ Kᵀ attends across the H "
-         "heads of each token. Move the heads forward first (transpose(1, 2) -> (B, H, L, d)) so the scores "
-         "are (B, H, L, L).", {"out": _seed_attend(Q, K, V)}),
-        ("a causal mask on the seed's scores does not fix them: Q @ Kᵀ in (B, L, H, d_h) layout gives (B, L, H, "
+        ("this is still the seed's computation (the blog post's code the exercise starts from): with Q in "
+         "(B, L, H, d) layout, Q @ Kᵀ attends across the H heads of each token. Move the heads forward first "
+         "(transpose(1, 2) -> (B, H, L, d)) so the scores are (B, H, L, L).", {"out": _seed_attend(Q, K, V)}),
+        ("a causal mask on the blog post's scores does not fix them: Q @ Kᵀ in (B, L, H, d_h) layout gives (B, L, H, "
          "H) scores between the HEADS of one token, and masking those hides heads, not future tokens. Move "
          "the heads forward first (transpose(1, 2) -> (B, H, L, d_h)), then mask the (L, L) scores.",
          {"out": _seed_attend(Q, K, V, causal=True)}),
@@ -342,7 +342,7 @@ EXERCISES = [
     Exercise("07_cache_elements", 1, "TPA cache arithmetic",
              "a function tpa_cache_elements(seq_len, num_heads, head_dim, k_rank, v_rank, batch_size) -> int",
              _cache_cases, _cache_answer, _cache_expected, _cache_judge, forbidden=FORBID_COURSE),
-    Exercise("07_fix_seed_attention", 3, "Fix the seed's TPA attention",
+    Exercise("07_fix_seed_attention", 3, "Fix the blog post's TPA attention",
              "a function fixed_attention(Q, K, V) -> (B, L, H, d_h), causal",
              _fix_cases, _fix_answer, _fix_expected, _fix_judge, forbidden=FORBID_SDPA + FORBID_COURSE),
 ]
