@@ -96,6 +96,9 @@ def _solutions_notebook(exercise_id: str) -> Path | None:
 def names_the_grader_lacks(obj, exercise_id: str, source: str | None) -> list[str]:
     """Global names ``obj`` reads that exist in the learner's kernel but that neither its own cell nor any
     cell of the trusted notebook defines: in the grader they would raise NameError. [] when unknown."""
+    codes = _codes(obj)
+    if not codes or any(os.path.isfile(c.co_filename) for c in codes[:1]):
+        return []                                 # defined in a module or a test file, not in a notebook cell
     path = _solutions_notebook(exercise_id)
     if path is None or source is None:
         return []
