@@ -84,6 +84,15 @@ def test_mask_mod():
     assert_hint("09_mask_mod", partial(make_ok, le=True), "off by one")
     assert_hint("09_mask_mod", partial(make_ok, sinks=False), "sinks are missing")
 
+    def make_sliced(window, n_sink):            # right on index grids, unusable by FlexAttention (vmap over scalars)
+        def mask_mod(b, h, q_idx, kv_idx):
+            m = (q_idx - kv_idx >= 0) & (q_idx - kv_idx < window)
+            m[..., :n_sink] |= kv_idx[..., :n_sink] <= q_idx
+            return m
+        return mask_mod
+    res = exercise_kit.results("09_mask_mod", make_sliced)
+    assert not any(ok for ok, _ in res) and all("FlexAttention cannot use this mask_mod" in m for _, m in res), res
+
 
 # ---- 09_receptive_field
 def test_receptive_field():

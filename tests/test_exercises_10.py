@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import exercise_kit
 from exercise_kit import assert_all_pass, assert_hint
 
 
@@ -69,6 +70,15 @@ def test_linear_by_hand():
     for fn in (linear_attn, linear_attn_einsum, linear_attn_outer):
         assert_all_pass("10_linear_by_hand", fn)
     assert_hint("10_linear_by_hand", quadratic, "formed an Lq × Lk tensor")
+
+    def per_head_loop(q, k, v):                 # each (b, h) forms its own Lq × Lk kernel matrix: forbidden too
+        out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
+        for b in range(q.shape[0]):
+            for h in range(q.shape[1]):
+                out[b, h] = quadratic(q[b, h], k[b, h], v[b, h])
+        return out
+    res = exercise_kit.results("10_linear_by_hand", per_head_loop)
+    assert not any(ok for ok, _ in res) and all("formed an Lq × Lk tensor" in msg for _, msg in res), res
     assert_hint("10_linear_by_hand", lambda q, k, v: phi(q) @ (phi(k).transpose(-2, -1) @ v), "normaliser is missing")
     no_plus = lambda q, k, v: (F.elu(q) @ (F.elu(k).transpose(-2, -1) @ v)) / (F.elu(q) @ F.elu(k).sum(-2)[..., None] + 1e-6)
     assert_hint("10_linear_by_hand", no_plus, "without the +1")
@@ -107,6 +117,13 @@ def test_recurrent_step():
         out, S_new, z_new = rnn_step(S, z, q, k, v)
         return out, S_new - S, z_new - z
     assert_hint("10_recurrent_step", replace, "ADD the new token")
+
+    def in_place(S, z, q, k, v):                # right values, but the prompt forbids changing S and z in place
+        S += phi(k)[:, :, None] * v[:, None, :]
+        z += phi(k)
+        return (phi(q)[:, None] @ S)[:, 0] / ((phi(q) * z).sum(-1, keepdim=True) + 1e-6), S, z
+    res = exercise_kit.results("10_recurrent_step", in_place)
+    assert not any(ok for ok, _ in res) and all("in place" in msg for _, msg in res), res
 
 
 def test_recurrent_step_matches_the_package():

@@ -11,6 +11,7 @@ from attn_course.positions import sinusoidal_embedding
 from attn_course.rope import apply_rope, interleave_perm
 
 from attn_course.grading.exercises import get
+import exercise_kit
 from exercise_kit import assert_all_pass, assert_hint, results
 
 
@@ -283,3 +284,13 @@ def _wan_rest(q, k, v, H):
     s = _rope_half(q) @ _rope_half(k).transpose(-2, -1) / math.sqrt(D // H)
     s = s.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
     return (s.softmax(-1) @ v).transpose(1, 2).reshape(B, L, D)
+
+
+
+def test_convert_grouped_kv_crash_is_named():
+    """A shape error from splitting w_k into num_heads blocks names the GQA mistake, not only the exception."""
+    ex = get("11_convert_checkpoint")
+    case = ex.cases(torch.Generator().manual_seed(0))[1]
+    msg = ex.explain_error(case, "RuntimeError: shape '[3, 5, -1]' is invalid for input of size 768")
+    assert "num_kv_heads heads (GQA)" in msg and msg.startswith("RuntimeError")
+    assert ex.explain_error(case, "ZeroDivisionError: division by zero") == "ZeroDivisionError: division by zero"

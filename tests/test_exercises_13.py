@@ -47,6 +47,11 @@ def test_merge_partials():
     assert_hint("13_merge_partials", merge_naive_exp, "NaN")
     assert_hint("13_merge_partials", merge_lse_max, "not the max")
 
+    def merge_sigmoid(out1, lse1, out2, lse2):  # ring-flash-attention's _update_out_and_lse: NaN where a side is −∞
+        out = out1 - torch.sigmoid(lse2 - lse1)[..., None] * (out1 - out2)
+        return out, lse1 - torch.nn.functional.logsigmoid(lse1 - lse2)
+    assert_hint("13_merge_partials", merge_sigmoid, "sigmoid form", every=False)
+
 
 # ---- 13_ring_schedule ----
 

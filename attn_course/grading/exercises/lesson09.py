@@ -143,7 +143,20 @@ def _mm_answer(make, case):
     out = mask_mod(zero, zero, i, j)
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"mask_mod must return a bool tensor, got {type(out).__name__}")
-    return {"mask": out.expand(p["L"], p["L"]).to(torch.bool).contiguous()}
+    # FlexAttention calls a mask_mod on scalar indices under vmap (create_block_mask, flex_attention): it must
+    # work there too, and give the same mask
+    from torch.nn.attention.flex_attention import create_mask
+    try:
+        flex = create_mask(mask_mod, 1, 1, p["L"], p["L"], device="cpu")[0, 0]
+    except Exception as exc:
+        raise ValueError(f"FlexAttention cannot use this mask_mod ({type(exc).__name__}: {exc}): it calls it on "
+                         f"0-d index tensors under vmap, so use only elementwise tensor operations (& | ~, "
+                         f"comparisons, torch.where) — no indexing, slicing or in-place updates") from None
+    out = out.expand(p["L"], p["L"]).to(torch.bool).contiguous()
+    if not torch.equal(flex.to(torch.bool), out):
+        raise ValueError("your mask_mod gives a different mask when FlexAttention evaluates it (one index pair at "
+                         "a time) than on whole index grids: use only elementwise tensor operations")
+    return {"mask": out}
 
 
 def _mm_expected(case):

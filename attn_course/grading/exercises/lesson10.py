@@ -105,9 +105,10 @@ _Largest = _ns["Largest"]
 
 def _lin_cases(gen):
     out = []
-    # Lq, Lk > E·Ev: an (L, E, Ev) outer product stays smaller than the Lq × Lk matrix the trick avoids
-    for B, H, Lq, Lk, E, Ev in [(1, 2, 40, 40, 4, 3), (2, 1, 30, 60, 3, 5), (1, 1, 300, 300, 2, 2),
-                                (2, 3, 50, 40, 6, 4)]:
+    # B·H·E·Ev < Lq and B·H·max(E, Ev) < Lk: every tensor of the trick, batched over (b, h) — the (Lk, E, Ev)
+    # outer product included — stays smaller than ONE head's Lq × Lk matrix, the thing the trick avoids
+    for B, H, Lq, Lk, E, Ev in [(1, 2, 40, 40, 4, 3), (2, 1, 40, 60, 3, 5), (1, 1, 300, 300, 2, 2),
+                                (2, 3, 200, 160, 3, 2)]:
         out.append(Case(f"B={B}, H={H}, Lq={Lq}, Lk={Lk}, E={E}, Ev={Ev}",
                         {"q": torch.randn(B, H, Lq, E, generator=gen, dtype=_F64),
                          "k": torch.randn(B, H, Lk, E, generator=gen, dtype=_F64),
@@ -120,8 +121,7 @@ def _lin_answer(fn, case):
     rec = _Largest()
     with rec:
         out = fn(i["q"], i["k"], i["v"])
-    B, H, Lq, _ = i["q"].shape
-    pairs = B * H * Lq * i["k"].shape[-2]
+    pairs = i["q"].shape[-2] * i["k"].shape[-2]                      # one (batch, head)'s Lq × Lk matrix
     return {"out": out, "formed_Lq_x_Lk": torch.tensor(rec.largest >= pairs)}
 
 
@@ -171,8 +171,12 @@ def _step_cases(gen):
 
 def _step_answer(fn, case):
     i = case.inputs
+    before = {k: t.clone() for k, t in i.items()}
     out, S, z = fn(i["S"], i["z"], i["q"], i["k"], i["v"])
-    return {"out": out, "S": S, "z": z}
+    changed = [k for k in ("S", "z", "q", "k", "v") if not torch.equal(i[k], before[k])]
+    for k in changed:                                   # later cases and the judge see the inputs as drawn
+        i[k].copy_(before[k])
+    return {"out": out, "S": S, "z": z, "inputs_unchanged": torch.tensor(not changed)}
 
 
 def _step_formula(case, *, read_first=False, normalise=True, phi=_phi, eps=1e-6):
@@ -187,10 +191,13 @@ def _step_formula(case, *, read_first=False, normalise=True, phi=_phi, eps=1e-6)
 
 
 def _step_expected(case):
-    return _step_formula(case)
+    return {**_step_formula(case), "inputs_unchanged": torch.tensor(True)}
 
 
 def _step_judge(got, want, case):
+    if not bool(got["inputs_unchanged"]):
+        return Verdict(False, "your code changed its inputs in place (e.g. `S += …`): the prompt asks for the new "
+                              "state as new tensors — write S_new = S + …, z_new = z + …")
     if all(close(got[key], want[key]) for key in want):
         return Verdict(True)
     if not (close(got["S"], want["S"]) and close(got["z"], want["z"])):

@@ -161,6 +161,14 @@ def _conv_judge(got, want, case):
     return diagnose(got, cands, "wrong rows: permute the rows of each head by [0, d_h/2, 1, d_h/2+1, ...].")
 
 
+def _conv_error_hint(case, error):
+    """Splitting w_k into num_heads blocks raises a shape error whenever num_kv_heads < num_heads divides badly."""
+    if any(w in error for w in ("is invalid for input of size", "shape '[", "must be divisible", "view size")):
+        return ("w_k has num_kv_heads heads (GQA), not num_heads: split its rows into num_kv_heads blocks of "
+                "head_dim = w_k.shape[0] // num_kv_heads.")
+    return None
+
+
 # ---- 11_rmsnorm -----------------------------------------------------------------------------------------
 
 def _rms(x, g, eps, *, mode="rms", dim=-1):
@@ -354,7 +362,8 @@ EXERCISES = [
              _rope_cases, _rope_answer, _rope_expected, _rope_judge, forbidden=FORBID_COURSE),
     Exercise("11_convert_checkpoint", 2, "Convert a half-split checkpoint to interleaved RoPE",
              "a function convert(w_q, w_k, num_heads, num_kv_heads) -> (new_w_q, new_w_k)",
-             _conv_cases, _conv_answer, _conv_expected, _conv_judge, forbidden=FORBID_COURSE),
+             _conv_cases, _conv_answer, _conv_expected, _conv_judge, forbidden=FORBID_COURSE,
+             error_hint_fn=_conv_error_hint),
     Exercise("11_rmsnorm", 2, "RMSNorm by hand",
              "a function rms_norm(x, weight, eps) -> tensor shaped like x, same dtype",
              _rms_cases, _rms_answer, _rms_expected, _rms_judge, forbidden=FORBID_COURSE),
