@@ -17,9 +17,12 @@ TORCH_INDEX_URL ?=
 TORCH_PIP_FLAGS := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 # The second CPU configuration of `make test-portable`: no vector instructions beyond the baseline, one thread
 PORTABLE_ENV := ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-# Notebook kernels started by nbval run tests/ipython/profile_default/startup/ first: it fails a cell that feeds
-# a tensor created without `device=` to a module moved to `device` (the CPU-visible form of a GPU bug)
-DEVICE_PROBE := IPYTHONDIR=$(CURDIR)/tests/ipython
+# Notebook kernels started by nbval run tests/device_probe.py first (an IPython startup file in build/ipython):
+# it fails a cell that feeds a tensor created without `device=` to a module moved to `device`, the CPU-visible
+# form of a GPU bug. The folder is built, not committed: IPython writes its history there.
+PROBE_DIR    := build/ipython
+PROBE        := $(PROBE_DIR)/profile_default/startup/00-attn-course-device-probe.py
+DEVICE_PROBE := IPYTHONDIR=$(CURDIR)/$(PROBE_DIR)
 
 .PHONY: setup lab test test-unit test-notebooks test-portable test-browser release bench bench-full clean
 
@@ -42,6 +45,10 @@ $(VENV)/.dev: $(VENV)/.torch pyproject.toml
 
 setup: $(VENV)/.dev
 
+$(PROBE): tests/device_probe.py
+	mkdir -p $(@D)
+	cp tests/device_probe.py $@
+
 # Serves the repository root (lessons link to ../exercises/ and back) and opens on the README's lesson
 # table, rendered (.jupyter/lab/settings/overrides.json: Markdown files open as a preview). The course's
 # own Jupyter config dir, .jupyter/, holds custom/custom.css: tabs say lesson / exercises / solutions.
@@ -59,14 +66,14 @@ test-unit: setup
 	$(BIN)/python -m pytest tests --ignore=tests/browser -n $(JOBS) -q
 
 # Lessons and solutions: outputs compared. Exercises: must run without unexpected errors.
-test-notebooks: setup
+test-notebooks: setup $(PROBE)
 	$(DEVICE_PROBE) $(BIN)/python -m pytest --nbval $(NBVAL) -n $(JOBS) --dist loadfile notebooks solutions -q
 	$(DEVICE_PROBE) $(BIN)/python -m pytest --nbval-lax $(NBVAL) -n $(JOBS) --dist loadfile exercises -q
 
 # Lessons and solutions again, on a second CPU configuration: committed outputs must not depend on the CPU's
 # vector instructions or on the thread count (issue 22). Reproduce one lesson by hand with
 #   ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 .venv/bin/python -m pytest --nbval ... NB.ipynb
-test-portable: setup
+test-portable: setup $(PROBE)
 	$(PORTABLE_ENV) $(DEVICE_PROBE) $(BIN)/python -m pytest --nbval $(NBVAL) -n $(JOBS) --dist loadfile notebooks solutions -q
 
 # Every lesson Run All in JupyterLab in headless Chromium, one at a time (tests/browser). Without a
