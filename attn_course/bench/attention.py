@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .runner import Case, Suite, default_device, evaluate_targets, measure_row
+from .runner import Case, Suite, default_device, evaluate_targets, markdown_table, measure_row, method_columns
 
 __all__ = ["SUITE", "METHODS", "TARGETS", "COLUMNS", "SDPA_BACKENDS", "RECORDED_CPU", "measure", "table_rows",
            "format_table", "check_targets"]
@@ -129,11 +129,7 @@ def table_rows(rows: list[dict]) -> list[dict]:
     """Flatten measurements into the table's columns (ms, MiB, ratios; None where not measured)."""
     out = []
     for r in rows:
-        t = {"mode": r["mode"], "causal": r["causal"], "L": r["L"]}
-        for m in METHODS:
-            cell = r.get(m, {})
-            t[f"{m} ms"] = None if "time_s" not in cell else cell["time_s"] * 1e3
-            t[f"{m} MiB"] = None if "mem_bytes" not in cell else cell["mem_bytes"] / 2**20
+        t = {"mode": r["mode"], "causal": r["causal"], "L": r["L"], **method_columns(r, METHODS)}
         t["flash/naive time"] = _ratio(r, "flash", "naive", "time_s")
         t["flash/sdpa time"] = _ratio(r, "flash", "sdpa", "time_s")
         t["flash/naive mem"] = _ratio(r, "flash", "naive", "mem_bytes")
@@ -143,20 +139,8 @@ def table_rows(rows: list[dict]) -> list[dict]:
 
 def format_table(rows: list[dict]) -> str:
     """A Markdown table of the rows (ms and MiB per method, ratios); cells not measured are listed below."""
-    def fmt(col, x):
-        if x is None:
-            return "—"
-        if col == "causal":
-            return "yes" if x else "no"
-        if isinstance(x, float):
-            return f"{x:.2f}" if "/" in col else f"{x:.0f}" if x >= 10 else f"{x:.1f}"
-        return str(x)
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for t in table_rows(rows):
-        lines.append("| " + " | ".join(fmt(c, t[c]) for c in COLUMNS) + " |")
-    errors = [f"{r['mode']} causal={r['causal']} L={r['L']} {m}: {r[m]['error']}"
-              for r in rows for m in METHODS if "error" in r.get(m, {})]
-    return "\n".join(lines + [f"\nnot measured: {e}" for e in errors])
+    return markdown_table(COLUMNS, table_rows(rows), rows, METHODS,
+                          lambda r: f"{r['mode']} causal={r['causal']} L={r['L']}")
 
 
 def check_targets(rows: list[dict]) -> list[tuple[str, float | None, bool]]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .runner import Case, Suite, evaluate_targets, measure_row
+from .runner import Case, Suite, evaluate_targets, markdown_table, measure_row, method_columns
 
 __all__ = ["SUITE", "METHODS", "TARGETS", "COLUMNS", "RECORDED_CPU", "measure", "table_rows", "format_table",
            "check_targets"]
@@ -98,11 +98,7 @@ def table_rows(rows: list[dict]) -> list[dict]:
     """Flatten measurements into the table's columns (ms, MiB, ratios; None where not measured)."""
     out, prev = [], {}
     for r in rows:
-        t = {"causal": r["causal"], "L": r["L"]}
-        for m in METHODS:
-            s, b = _get(r, m, "time_s"), _get(r, m, "mem_bytes")
-            t[f"{m} ms"] = None if s is None else s * 1e3
-            t[f"{m} MiB"] = None if b is None else b / 2**20
+        t = {"causal": r["causal"], "L": r["L"], **method_columns(r, METHODS)}
         lin, sd, nv = _get(r, "linear", "time_s"), _get(r, "sdpa", "time_s"), _get(r, "naive", "mem_bytes")
         t["linear/sdpa time"] = lin / sd if lin is not None and sd else None
         lm = _get(r, "linear", "mem_bytes")
@@ -116,20 +112,8 @@ def table_rows(rows: list[dict]) -> list[dict]:
 
 def format_table(rows: list[dict]) -> str:
     """A Markdown table of the rows."""
-    def fmt(col, x):
-        if x is None:
-            return "—"
-        if col == "causal":
-            return "yes" if x else "no"
-        if isinstance(x, float):
-            return f"{x:.3f}" if "/" in col else f"{x:.2f}" if "×" in col else f"{x:.0f}" if x >= 10 else f"{x:.1f}"
-        return str(x)
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for t in table_rows(rows):
-        lines.append("| " + " | ".join(fmt(c, t[c]) for c in COLUMNS) + " |")
-    errors = [f"causal={r['causal']} L={r['L']} {m}: {r[m]['error']}"
-              for r in rows for m in METHODS if "error" in r.get(m, {})]
-    return "\n".join(lines + [f"\nnot measured: {e}" for e in errors])
+    return markdown_table(COLUMNS, table_rows(rows), rows, METHODS, lambda r: f"causal={r['causal']} L={r['L']}",
+                          ratio_digits=3)
 
 
 def check_targets(rows: list[dict]) -> list[tuple[str, float | None, bool]]:

@@ -369,6 +369,36 @@ def evaluate_targets(targets, flat: dict) -> list[tuple[str, float | None, bool]
     return out
 
 
+def method_columns(row: dict, methods) -> dict:
+    """``"<m> ms"`` (median) and ``"<m> MiB"`` (peak extra) of every method of a row; None where not measured."""
+    t = {}
+    for m in methods:
+        cell = row.get(m, {})
+        t[f"{m} ms"] = None if "time_s" not in cell else cell["time_s"] * 1e3
+        t[f"{m} MiB"] = None if "mem_bytes" not in cell else cell["mem_bytes"] / 2**20
+    return t
+
+
+def markdown_table(columns, flat_rows: list[dict], rows: list[dict], methods, label, ratio_digits: int = 2) -> str:
+    """A Markdown table of ``flat_rows`` (one dict of ``columns`` per row: ratios (``/``) with ``ratio_digits``,
+    growth factors (``×``) with 2, times and sizes with 0 or 1 digit), then one "not measured" line per cell
+    of ``rows`` that holds an error (``label(row)`` names the row)."""
+    def fmt(col, x):
+        if x is None:
+            return "—"
+        if col == "causal":
+            return "yes" if x else "no"
+        if isinstance(x, float):
+            if "/" in col:
+                return f"{x:.{ratio_digits}f}"
+            return f"{x:.2f}" if "×" in col else f"{x:.0f}" if x >= 10 else f"{x:.1f}"
+        return str(x)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(c, t[c]) for c in columns) + " |" for t in flat_rows]
+    errors = [f"{label(r)} {m}: {r[m]['error']}" for r in rows for m in methods if "error" in r.get(m, {})]
+    return "\n".join(lines + [f"\nnot measured: {e}" for e in errors])
+
+
 def spread(rows: list[dict], methods) -> tuple[float, str] | None:
     """The largest slowest/fastest ratio of any measured cell, and where it was (how noisy the run was)."""
     worst = None
