@@ -96,6 +96,13 @@ def test_recording_format_round_trip_with_the_machine(tmp_path):
     assert "torch " + torch.__version__ in runner.describe_machine(machine)
 
 
+def test_rows_are_reported_as_they_finish():
+    log, seen = [], []
+    runner.run_suite(_fake_suite(log), {"lengths": [1, 2, 3], "device": "cpu", "repeats": 1, "warmup": 0},
+                     in_process=True, on_row=lambda rows: seen.append([r["L"] for r in rows]))
+    assert seen == [[1], [1, 2], [1, 2, 3]]
+
+
 def test_cli_json_writes_the_recording_format(tmp_path, capsys):
     out = tmp_path / "run.json"
     assert cli.main(["bench", "--suite", "linear", "--lengths", "128", "--causal", "no", "--heads", "1", "--dim", "8",
@@ -114,7 +121,7 @@ def test_help_lists_the_suites_and_the_defaults(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for needle in ("--suite {attention,sparse,linear,all}", "default: attention", "--full", "--repeats",
                    "(default: 7)", "--threads", "default: 1;", "--warmup", "sparse suite", "--window",
-                   "default: 256", "about three", "attention 512 1024 2048 4096 8192"):
+                   "default: 256", "about three", "attention 512 1024 2048 4096;"):
         assert needle in text, needle
     for thin in ("bench_sparse", "bench_linear"):                  # the lessons' modules reach the same runner
         module = __import__(f"attn_course.{thin}", fromlist=["main"])

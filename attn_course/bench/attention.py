@@ -156,7 +156,7 @@ def _describe(args: dict) -> str:
 SUITE = Suite(
     name="attention", methods=METHODS, rows=_rows, build=_build, check=check_targets, format=format_table,
     quick=dict(lengths=[512, 1024], modes=["fwd", "fwd+bwd"], causal="both"),
-    full=dict(lengths=[512, 1024, 2048, 4096, 8192], modes=["fwd", "fwd+bwd"], causal="both"),
+    full=dict(lengths=[512, 1024, 2048, 4096], modes=["fwd", "fwd+bwd"], causal="both"),
     recorded=RECORDED_CPU,
     row_label=lambda row: f"{row['mode']:7s} causal={row['causal']!s:5s} L={row['L']:5d}", header=_describe,
 )

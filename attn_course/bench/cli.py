@@ -117,14 +117,20 @@ def _validate(ns) -> None:
         raise SystemExit("attn-course bench: --methods needs one --suite (each suite has its own methods)")
 
 
-def run_one(suite: str, args: dict, *, timeout: float, progress=None) -> dict:
-    """Measure one suite: ``{"suite", "args", "machine", "rows"}`` (the recording format)."""
+def run_one(suite: str, args: dict, *, timeout: float, progress=None, path: Path | None = None) -> dict:
+    """Measure one suite: ``{"suite", "args", "machine", "rows"}`` (the recording format), saved to ``path``
+    after every row (the load average "end" is then the latest one) and at the end."""
     machine = machine_info(args["device"], args["threads"])
-    rows = run_suite(suite, args, methods=args["methods"], timeout=timeout, progress=progress)
-    try:
-        machine["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
-    except (OSError, AttributeError):
-        pass
+
+    def save(rows):
+        try:
+            machine["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
+        except (OSError, AttributeError):
+            pass
+        if path is not None:
+            save_record(path, suite, args, machine, rows)
+    rows = run_suite(suite, args, methods=args["methods"], timeout=timeout, progress=progress, on_row=save)
+    save(rows)
     return {"suite": suite, "args": args, "machine": machine, "rows": rows}
 
 
@@ -153,14 +159,14 @@ def main(argv: list[str] | None = None) -> int:
     progress = None if ns.quiet else (lambda msg: print(f"measuring {msg}", file=sys.stderr, flush=True))
     failed = False
     for name in names:
-        record = run_one(name, resolve_args(ns, name), timeout=ns.timeout, progress=progress)
-        print(report(record), flush=True)
+        path = None
         if ns.json:
             path = Path(ns.json)
             if ns.suite == "all":
                 path.mkdir(parents=True, exist_ok=True)
                 path = path / SUITES[name].recorded.name
-            save_record(path, name, record["args"], record["machine"], record["rows"])
+        record = run_one(name, resolve_args(ns, name), timeout=ns.timeout, progress=progress, path=path)
+        print(report(record), flush=True)
         if ns.check:
             print()
             for desc, value, ok in SUITES[name].check(record["rows"]):

@@ -272,9 +272,11 @@ def _row_in_subprocess(suite: str, row: dict, methods, args: dict, timeout: floa
 
 
 def run_suite(suite: Suite | str, args: dict, *, methods=None, timeout: float = 900.0, progress=None,
-              in_process: bool = False) -> list[dict]:
+              in_process: bool = False, on_row=None) -> list[dict]:
     """Every row of ``suite.rows(args)``, each measured in a fresh process (``in_process=True``: in this
-    one, for tests). A row whose process fails is measured again one method per process."""
+    one, for tests). A row whose process fails is measured again one method per process. ``on_row(rows)``
+    is called with the rows so far after each row (``attn-course bench --json`` saves them: a long run
+    that is interrupted keeps its finished rows)."""
     suite = _suite(suite) if isinstance(suite, str) else suite
     methods = list(methods or suite.methods)
     rows = []
@@ -293,6 +295,8 @@ def run_suite(suite: Suite | str, args: dict, *, methods=None, timeout: float = 
             reason = suite.skip(m, key, args)
             row[m] = {"method": m, "error": reason} if reason else {"method": m, **cells[m]}
         rows.append(row)
+        if on_row:
+            on_row(rows)
     return rows
 
 
