@@ -35,12 +35,16 @@ $(VENV)/.torch:
 
 # PYTHONWARNINGS: hush setuptools' informational "Editable installation" notice during the build.
 # The package asks for torch>=2.5, which the torch above satisfies: pip installs no other torch.
+# editable_mode=compat puts this folder on sys.path (a .pth file) instead of an import hook that runs after
+# Python's own path search: with the hook, `import attn_course` from the folder *above* a checkout named
+# attn_course found the checkout itself as an empty namespace package ("cannot import name 'attention'").
+EDITABLE := --config-settings editable_mode=compat
 $(VENV)/.lab: $(VENV)/.torch pyproject.toml
-	PYTHONWARNINGS=ignore::UserWarning $(BIN)/python -m pip install --quiet -e ".[lab]"
+	PYTHONWARNINGS=ignore::UserWarning $(BIN)/python -m pip install --quiet $(EDITABLE) -e ".[lab]"
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.torch pyproject.toml
-	PYTHONWARNINGS=ignore::UserWarning $(BIN)/python -m pip install --quiet -e ".[lab,dev,triton]"
+	PYTHONWARNINGS=ignore::UserWarning $(BIN)/python -m pip install --quiet $(EDITABLE) -e ".[lab,dev,triton]"
 	touch $@ $(VENV)/.lab
 
 setup: $(VENV)/.dev
