@@ -22,13 +22,13 @@ from . import sparse as _sparse
 from .attention import (COLUMNS, METHODS, RECORDED_CPU, SDPA_BACKENDS, TARGETS, _method, _naive, check_targets,
                         format_table, measure, table_rows)
 from .cli import main
-from .runner import (Case, Suite, default_device, largest_tensor_created, load_record, machine_info, measure_row,
-                     measure_in_subprocess, median_time, run_suite, save_record, time_call)
+from .runner import (Case, Suite, default_device, describe_machine, largest_tensor_created, load_record, machine_info,
+                     measure_in_subprocess, measure_row, median_time, run_suite, save_record, time_call)
 
 __all__ = ["main", "measure", "largest_tensor_created", "run_benchmark", "format_table", "table_rows",
            "check_targets", "load_recorded", "load_record", "save_record", "RECORDED_CPU", "METHODS", "TARGETS",
            "COLUMNS", "time_call", "median_time", "default_device", "measure_row", "measure_in_subprocess",
-           "run_suite", "machine_info", "SDPA_BACKENDS", "SUITES", "Suite", "Case"]
+           "run_suite", "machine_info", "describe_machine", "SDPA_BACKENDS", "SUITES", "Suite", "Case"]
 
 SUITES: dict[str, Suite] = {s.name: s for s in (_attention.SUITE, _sparse.SUITE, _linear.SUITE)}
 
