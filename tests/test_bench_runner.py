@@ -63,7 +63,8 @@ def test_a_crashed_row_process_is_retried_one_method_per_process(monkeypatch):
             return {"error": "exit -9: killed"}
         return {job["methods"][0]: {"time_s": 0.5, "mem_bytes": 1}}
     monkeypatch.setattr(runner, "_run_worker", worker)
-    rows = runner.run_suite("linear", {"lengths": [64], "causal": "no", "device": "cpu"}, timeout=5)
+    rows = runner.run_suite("linear", {"lengths": [64], "causal": "no", "device": "cpu"}, timeout=5,
+                            methods=["linear", "sdpa", "naive"])
     assert calls == [["linear", "sdpa", "naive"], ["linear"], ["sdpa"], ["naive"]]
     assert rows == [{"causal": False, "L": 64, **{m: {"method": m, "time_s": 0.5, "mem_bytes": 1}
                                                    for m in ("linear", "sdpa", "naive")}}]

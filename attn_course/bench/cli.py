@@ -44,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
                    help="sequence lengths (default: the suite's quick lengths, or its full ones with --full)")
     p.add_argument("--methods", nargs="+", default=None, metavar="M",
                    help="subset of the suite's methods (default: all; attention: naive flash sdpa; sparse: naive "
-                        "sdpa_mask sdpa_causal flex flash_window flash_causal; linear: linear sdpa naive)")
+                        "sdpa_mask sdpa_causal flex flash_window flash_causal; linear: linear sdpa naive linear_half)")
     p.add_argument("--repeats", type=int, default=7, help="interleaved timed rounds per row; the median is reported "
                    "(default: 7)")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls of each method before the rounds (default: 1)")

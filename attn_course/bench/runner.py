@@ -393,9 +393,9 @@ def markdown_table(columns, flat_rows: list[dict], rows: list[dict], methods, la
         if col == "causal":
             return "yes" if x else "no"
         if isinstance(x, float):
-            if "/" in col:
-                return f"{x:.{ratio_digits}f}"
-            return f"{x:.2f}" if "×" in col else f"{x:.0f}" if x >= 10 else f"{x:.1f}"
+            if "×" in col:
+                return f"{x:.2f}"
+            return f"{x:.{ratio_digits}f}" if "/" in col else f"{x:.0f}" if x >= 10 else f"{x:.1f}"
         return str(x)
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(fmt(c, t[c]) for c in columns) + " |" for t in flat_rows]
