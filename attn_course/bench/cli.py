@@ -26,7 +26,7 @@ slowest, every round) are recorded with the machine (CPU, cores, torch, threads,
 
 Duration on a 2-core CPU: the default (small) lengths take about a minute per suite, `--suite all` (what
 `make bench` runs) about three; --full measures the grids of the shipped recordings (lessons 08-10 print
-them) and takes far longer (tens of minutes on 2 cores)."""
+them) and takes far longer (about 25 minutes on a busy 2-core machine)."""
 
 
 def parser() -> argparse.ArgumentParser:
