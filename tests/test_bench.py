@@ -1,4 +1,5 @@
-"""attn-course bench: the side-by-side table is produced with the right columns, memory is measured."""
+"""attn-course bench (attention suite): the side-by-side table has the right columns, memory is measured,
+the lessons' names (bench.measure, time_call, ...) keep working."""
 import json
 
 import pytest
@@ -50,8 +51,10 @@ def test_check_targets():
 @pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
 def test_measure_in_process(method, mode):
     r = bench.measure(method, L=48, mode=mode, causal=True, heads=2, dim=8, block=16, repeats=2)
-    assert set(r) == {"method", "L", "mode", "causal", "device", "dtype", "times_s", "time_s", "mem_bytes"}
+    assert set(r) == {"method", "L", "mode", "causal", "device", "dtype", "times_s", "time_s", "min_s", "max_s",
+                      "mem_bytes", "first_call_s"}
     assert len(r["times_s"]) == 2 and r["time_s"] > 0 and r["mem_bytes"] >= 0
+    assert r["min_s"] <= r["time_s"] <= r["max_s"]
 
 
 def test_measure_defaults_follow_the_device(monkeypatch):
@@ -60,12 +63,16 @@ def test_measure_defaults_follow_the_device(monkeypatch):
     r = bench.measure("sdpa", L=32, heads=1, dim=8)
     assert (r["device"], r["dtype"], len(r["times_s"])) == ("cpu", "float32", 7)
     seen = {}
-    monkeypatch.setattr(bench, "_measure", lambda *a: seen.setdefault("args", a))
+
+    def fake(suite, row, methods, args):
+        seen.update(args)
+        return {m: {"time_s": 1.0} for m in methods}
+    monkeypatch.setattr(bench.attention, "measure_row", fake)
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     assert bench.default_device() == "cuda"
     bench.measure("flash", L=32)
-    method, L, mode, causal, batch, heads, dim, block, dtype, device, repeats, warmup, seed, backend = seen["args"]
-    assert (device, dtype, repeats, warmup, backend) == ("cuda", "float16", 7, 1, None)
+    assert (seen["device"], seen["dtype"], seen["repeats"], seen["warmup"], seen["threads"], seen["sdpa_backend"]) \
+        == ("cuda", "float16", 7, 1, 1, None)
 
 
 def test_measure_pins_sdpa_backends():
@@ -88,7 +95,7 @@ def test_measure_pins_sdpa_backends():
 def test_time_call_warms_up_then_takes_the_median(monkeypatch):
     calls = []
     ticks = iter([0.0, 1.0, 1.0, 4.0, 4.0, 6.0])                  # durations 1, 3, 2
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(ticks))
+    monkeypatch.setattr(bench.runner.time, "perf_counter", lambda: next(ticks))
     r = bench.time_call(lambda: calls.append(1), repeats=3, warmup=2)
     monkeypatch.undo()
     assert len(calls) == 5 and r["times_s"] == [1.0, 3.0, 2.0] and r["time_s"] == 2.0 and r["min_s"] == 1.0
@@ -99,14 +106,15 @@ def test_time_call_warms_up_then_takes_the_median(monkeypatch):
 def test_cli_passes_repeats_warmup_and_backend(monkeypatch, capsys):
     seen = {}
 
-    def fake(**kw):
-        seen.update(kw)
+    def fake(suite, args, **kw):
+        seen.update(args)
         return []
-    monkeypatch.setattr(bench, "run_benchmark", fake)
+    monkeypatch.setattr(bench.cli, "run_suite", fake)
     assert bench.main(["--lengths", "64", "--device", "cpu", "--quiet", "--sdpa-backend", "math"]) == 0
-    assert (seen["repeats"], seen["warmup"], seen["sdpa_backend"], seen["dtype"]) == (7, 1, "math", "float32")
-    assert "median of 7 after 1 warm-up" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="--warmup must be >= 0"):
+    assert (seen["repeats"], seen["warmup"], seen["threads"], seen["sdpa_backend"], seen["dtype"]) == \
+        (7, 1, 1, "math", "float32")
+    assert "median of 7 interleaved rounds after 1 warm-up, 1 thread(s)" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--warmup and --threads must be >= 0"):
         bench.main(["--warmup", "-1"])
 
 
@@ -134,12 +142,13 @@ def test_bad_arguments_exit():
 
 
 def test_the_shipped_reference_run_is_complete_and_meets_the_cpu_targets():
-    """The recording lesson 08 prints covers the whole grid of the issue (L 512..8192, fwd and fwd+bwd, causal
+    """The recording lesson 08 prints covers the whole grid of `--full` (L 512..4096, fwd and fwd+bwd, causal
     and not, three methods, each with a time and a memory) and meets the course's CPU targets."""
     args, rows = bench.load_recorded()
     assert (args["batch"], args["heads"], args["dim"], args["dtype"], args["block"]) == (1, 8, 64, "float32", 128)
+    assert args["repeats"] >= 7 and args["threads"] == 1
     grid = {(r["mode"], r["causal"], r["L"]) for r in rows}
-    assert grid == {(m, c, L) for m in ("fwd", "fwd+bwd") for c in (False, True) for L in (512, 1024, 2048, 4096, 8192)}
+    assert grid == {(m, c, L) for m in ("fwd", "fwd+bwd") for c in (False, True) for L in (512, 1024, 2048, 4096)}
     for r in rows:
         for m in bench.METHODS:
             assert r[m]["time_s"] > 0 and r[m]["mem_bytes"] >= 0, (r["mode"], r["causal"], r["L"], m)

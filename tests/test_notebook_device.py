@@ -1,6 +1,8 @@
 """Every notebook follows `device`: its setup cell picks CUDA when `torch.cuda.is_available()` (and installs
 the pinned package only when it is missing), and no code cell hard-codes the CPU (or CUDA) for work that
-should run on `device`. Moving results to the CPU for plotting (`.cpu()`) is fine."""
+should run on `device`. Moving results to the CPU for plotting (`.cpu()`) is fine, and `.numpy()` must come
+after it. (The runtime half — a module on `device` fed a tensor created without one — is tests/device_probe.py,
+which every nbval run of `make test-notebooks` / `make test-portable` loads.)"""
 import importlib.util
 import json
 import re
@@ -65,3 +67,40 @@ def test_the_pattern_catches_hard_coded_devices_and_allows_device_and_cpu_for_pl
            'bench.measure("flash", L=64, device="cuda")']
     good = ["q = torch.randn(4, device=device)", "w = w.cpu()", 'if device.type == "cuda":', "model.to(device)"]
     assert all(HARD_CODED.search(s) for s in bad) and not any(HARD_CODED.search(s) for s in good)
+
+
+def _numpy_without_cpu(line: str) -> list[str]:
+    """Every ``X.numpy()`` in ``line`` whose expression X does not pass through ``.cpu()`` (on a CUDA tensor
+    ``.numpy()`` raises; ``.cpu()`` is free on a CPU tensor). X is the chain of names, calls and subscripts
+    right before ``.numpy()``."""
+    offending = []
+    for m in re.finditer(r"\.numpy\(\)", line):
+        i, depth = m.start(), 0
+        while i > 0:
+            ch = line[i - 1]
+            if ch in ")]":
+                depth += 1
+            elif ch in "([":
+                if depth == 0:
+                    break
+                depth -= 1
+            elif depth == 0 and not (ch.isalnum() or ch in "_."):
+                break
+            i -= 1
+        chain = line[i:m.end()]
+        if ".cpu()" not in chain:
+            offending.append(chain)
+    return offending
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_numpy_only_after_cpu(path):
+    offending = [chain for src in _code_cells(path) for line in src.splitlines() for chain in _numpy_without_cpu(line)]
+    assert not offending, f"{path.name}: .numpy() needs .cpu() first (it raises on a CUDA tensor): {offending}"
+
+
+def test_the_numpy_check_reads_the_whole_expression():
+    assert _numpy_without_cpu("ax.bar(range(3), w[q, : q + 1].numpy())") == ["w[q, : q + 1].numpy()"]
+    assert _numpy_without_cpu("plt.imshow(model(x)[0].detach().numpy())") == ["model(x)[0].detach().numpy()"]
+    assert _numpy_without_cpu("a = w[q, : q + 1].cpu().numpy(); b = x.detach().cpu().numpy()") == []
+    assert _numpy_without_cpu("n = np.asarray(t.cpu().numpy()) + u.numpy()") == ["u.numpy()"]

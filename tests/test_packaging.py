@@ -1,5 +1,8 @@
-"""Packaging: environment.yml and pyproject.toml list the same dependencies; torch pin; Makefile; README."""
+"""Packaging: environment.yml and pyproject.toml list the same dependencies; torch pin; Makefile (a light
+`make lab`, the test tools only for `make test`, the torch index, the second CPU configuration); README."""
 import re
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -96,14 +99,75 @@ def _make_recipe(target: str) -> list[str]:
     return recipe
 
 
+TEST_TOOLS = {"pytest", "pytest-xdist", "nbval", "nbclient", "nbgrader", "playwright", "transformers", "triton"}
+
+
 def test_makefile_installs_tested_torch_before_the_package():
-    recipe = _make_recipe("$(VENV)/.installed")
-    torch_line = next(i for i, l in enumerate(recipe) if f"torch=={TESTED_TORCH}" in l)
-    pkg_line = next(i for i, l in enumerate(recipe) if re.search(r"pip install .*-e \"?\.\[lab,dev,triton\]", l))
-    assert torch_line < pkg_line
-    for target in ("lab", "test"):
-        deps = re.search(rf"^{target}\s*:(.*)$", (ROOT / "Makefile").read_text(), re.M).group(1)
-        assert "setup" in deps.split(), f"make {target} must create the environment first"
+    make = (ROOT / "Makefile").read_text()
+    assert re.search(rf"^TORCH_VERSION\s*:=\s*{re.escape(TESTED_TORCH)}\s*$", make, re.M)
+    torch_recipe = _make_recipe("$(VENV)/.torch")
+    assert any("pip install" in l and "torch==$(TORCH_VERSION) $(TORCH_PIP_FLAGS)" in l for l in torch_recipe)
+    for stamp, extras in (("$(VENV)/.lab", "lab"), ("$(VENV)/.dev", "lab,dev,triton")):
+        deps = re.search(rf"^{re.escape(stamp)}\s*:(.*)$", make, re.M).group(1).split()
+        assert deps[0] == "$(VENV)/.torch" and "pyproject.toml" in deps, stamp
+        assert any(re.search(rf'pip install .*\$\(EDITABLE\) -e "\.\[{extras}\]"', l) for l in _make_recipe(stamp)), stamp
+    # a checkout named attn_course must not shadow the package when Python runs from the folder above it
+    assert re.search(r"^EDITABLE\s*:=\s*--config-settings editable_mode=compat\s*$", make, re.M)
+    for target, stamp in (("lab", "$(VENV)/.lab"), ("test", "setup"), ("setup", "$(VENV)/.dev")):
+        deps = re.search(rf"^{target}\s*:(.*)$", make, re.M).group(1)
+        assert stamp in deps.split(), f"make {target} must depend on {stamp}"
+
+
+def test_the_lab_extra_holds_no_test_tool():
+    extras = _pyproject()["project"]["optional-dependencies"]
+    lab = {canonicalize_name(Requirement(r).name) for r in extras["lab"]}
+    test = {canonicalize_name(Requirement(r).name) for r in extras["dev"] + extras["triton"]}
+    assert lab == {"jupyterlab", "ipykernel"} and not lab & TEST_TOOLS
+    assert TEST_TOOLS <= test
+
+
+def _dry_run(tmp_path, *args):
+    """``make -n ARGS`` in a copy of the Makefile and pyproject.toml: the commands make would run."""
+    res = subprocess.run(["make", "-n", *args], cwd=tmp_path, capture_output=True, text=True, check=True)
+    return res.stdout
+
+
+def test_make_lab_is_light_test_adds_the_tools_and_nothing_is_installed_twice(tmp_path):
+    if shutil.which("make") is None:
+        import pytest
+        pytest.skip("no make on this machine")
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    lab = _dry_run(tmp_path, "lab")
+    assert "torch==2.13.0" in lab and '-e ".[lab]"' in lab and "dev" not in lab.split("jupyter")[0]
+    assert "--index-url" not in lab                                     # PyPI unless asked
+    url = "https://download.pytorch.org/whl/cpu"
+    with_index = _dry_run(tmp_path, "lab", f"TORCH_INDEX_URL={url}").splitlines()
+    assert [l for l in with_index if "--index-url" in l] == [l for l in with_index if "torch==2.13.0" in l]
+    assert any(l.endswith(f"torch==2.13.0 --index-url {url}") for l in with_index)
+    assert '".[lab,dev,triton]"' in _dry_run(tmp_path, "setup")
+    venv = tmp_path / ".venv"                                           # after `make test`: every stamp exists
+    venv.mkdir()
+    for stamp in (".torch", ".dev", ".lab"):
+        (venv / stamp).touch()
+    lab_again = _dry_run(tmp_path, "lab")
+    assert "pip install" not in lab_again and "jupyter lab" in lab_again
+    assert "pip install" not in _dry_run(tmp_path, "setup")
+
+
+def test_make_test_runs_the_second_cpu_configuration():
+    make = (ROOT / "Makefile").read_text()
+    assert "test-portable" in " ".join(_make_recipe("test"))
+    env = re.search(r"^PORTABLE_ENV\s*:=\s*(.*)$", make, re.M).group(1).split()
+    assert env == ["ATEN_CPU_CAPABILITY=default", "OMP_NUM_THREADS=1", "MKL_NUM_THREADS=1"]
+    (line,) = _make_recipe("test-portable")
+    assert line.startswith("$(PORTABLE_ENV)") and "--nbval $(NBVAL)" in line and line.endswith("notebooks solutions -q")
+    assert "--nbval-lax" not in line                                   # outputs compared, as in test-notebooks
+
+
+def test_make_bench_is_the_quick_run_and_bench_full_the_recorded_one():
+    assert _make_recipe("bench") == ["$(BIN)/attn-course bench --suite all"]
+    assert _make_recipe("bench-full") == ["$(BIN)/attn-course bench --suite all --full"]
 
 
 def test_make_lab_is_headless_and_honours_port():
@@ -119,6 +183,11 @@ def test_readme_gives_the_two_commands_and_the_other_routes():
     readme = (ROOT / "README.md").read_text()
     assert "make lab" in readme and "make test" in readme
     assert "environment.yml" in readme and "Colab" in readme
+    # set-up: what the torch pin installs per platform, and the variable that picks the index
+    assert "TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in readme
+    for platform in ("Linux x86_64", "macOS", "Windows", "Colab", "CUDA 13", "triton==3.7.1"):
+        assert platform in readme, platform
+    assert "make test-portable" in readme and "ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1" in readme
     for stem in ["01_scaled_dot_product_attention", "02_multi_head_attention", "08_flash_attention_tiling"]:
         assert stem in readme or stem[3:].replace("_", " ") in readme.lower()
 

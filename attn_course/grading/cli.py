@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
 __all__ = ["main"]
@@ -45,47 +44,17 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("ring", help="ring attention on P local processes (forwarded to attn_course.ring)",
                    add_help=False).add_argument("args", nargs=argparse.REMAINDER)
-    b = sub.add_parser("bench", help="benchmarks: --suite attention (default, attn_course.bench), linear "
-                       "(attn_course.bench_linear) or sparse (attn_course.bench_sparse)", add_help=False)
+    b = sub.add_parser("bench", help="benchmarks: --suite attention (default), sparse, linear or all "
+                       "(attn_course.bench; `attn-course bench --help`)", add_help=False)
     b.add_argument("args", nargs=argparse.REMAINDER)
     return p
 
 
-# ``attn-course bench --suite NAME ...``: which module's main() gets the remaining arguments
-_BENCH_SUITES = {"attention": "attn_course.bench", "linear": "attn_course.bench_linear",
-                 "sparse": "attn_course.bench_sparse"}
-
-
-def _bench_suite(args: list[str]) -> tuple[list[str], str | None]:
-    """Remove ``--suite NAME`` / ``--suite=NAME`` from ``args``; return the rest and the module (None: unknown)."""
-    rest, suite, i = [], "attention", 0
-    while i < len(args):
-        if args[i] == "--suite" and i + 1 < len(args):
-            suite, i = args[i + 1], i + 2
-        elif args[i].startswith("--suite="):
-            suite, i = args[i].split("=", 1)[1], i + 1
-        else:
-            rest.append(args[i])
-            i += 1
-    return rest, _BENCH_SUITES.get(suite)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:                      # forward everything, --help included
-        rest, name = _bench_suite(argv[1:])
-        if name is None:
-            print(f"attn-course bench: --suite must be one of {', '.join(_BENCH_SUITES)}", file=sys.stderr)
-            return 2
-        try:
-            bench = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            print(f"attn-course bench: the benchmark module {name} is not installed in this "
-                  "version of the course.", file=sys.stderr)
-            return 2
-        return int(bench.main(rest) or 0)
+    if argv[:1] == ["bench"]:                      # forward everything, --suite and --help included
+        from ..bench import main as bench_main
+        return int(bench_main(argv[1:]) or 0)
     if argv[:1] == ["ring"]:
         from .. import ring
         return int(ring.main(argv[1:]) or 0)
