@@ -8,31 +8,37 @@ and v. Queries are easy to split — each output row needs only its own query �
 travel around a ring: at step t rank r holds the shard that started on rank ``(r − t) mod P``, computes
 its queries against it with the tiled kernel of lesson 08 (which also returns the log-sum-exp), and
 passes it on to rank r + 1 while receiving the next one from r − 1 (``isend``/``irecv``, overlapped with
-the compute). The partial results are exact once merged by their log-sum-exps (lesson 08):
+the compute — it stays hidden if a step's compute, 4·B·H·(L/P)²·E FLOPs, outlasts its transfer). The partial results are exact once merged by their log-sum-exps (lesson 08):
 
     lse = log(e^{lse_1} + e^{lse_2}),    out = e^{lse_1 − lse} · out_1 + e^{lse_2 − lse} · out_2
 
 With ``is_causal`` a query never needs keys from later positions, so blocks wholly in the future are
-skipped. With the *contiguous* layout rank r's queries see r + 1 of the P shards — rank P−1 does P times
-the work of rank 0. The *zigzag* layout cuts the sequence into 2P chunks and gives rank r chunks r and
+skipped. With the *contiguous* layout rank r's queries see r + 1 of the P shards (its own one only
+causally) — rank P−1 does 2P−1 times the work of rank 0, (2P−1)/P of the mean. The *zigzag* layout cuts the sequence into 2P chunks and gives rank r chunks r and
 2P−1−r: every rank then does the same work (one early and one late chunk).
 
 The backward pass (also a ring) recomputes each block from the saved output and log-sum-exp, exactly like
-lesson 08's backward: the K/V shards go round again, each carrying its gradient accumulators dK, dV, which
-every rank adds its queries' contribution to; after P hops they are home.
+lesson 08's backward: the K/V shards go round again (input dtype, P − 1 hops, sent while computing), and
+with them their gradient accumulators dK, dV (accumulation dtype, fp32 for bf16/fp16), which every rank
+adds its queries' contribution to; after P hops they are home. The dK/dV hop can only start once the step's
+compute is done, so in this teaching version it is NOT overlapped; its traffic,
+``2(P−1)·shard·bytes + 2P·shard·max(bytes, 4)``, is 2–4× the forward's.
 
 **Ulysses** (Jacobs et al. 2023, DeepSpeed-Ulysses). One all-to-all turns sequence shards into head
 shards — rank r gets *all* L positions of heads ``r·H/P … (r+1)·H/P − 1`` — then ordinary attention runs
 locally, and a second all-to-all turns the output back into sequence shards. It needs H divisible by P.
 
-Communication per rank and layer (fp elements, forward): ring sends its K and V shard P − 1 times,
-``2·(P−1)·B·H·(L/P)·E``; Ulysses sends (P−1)/P of q, k, v and of the output, ``4·(P−1)/P·B·H·(L/P)·E``.
+Communication per rank and layer (fp elements, forward, H query heads and H_kv key/value heads): ring
+sends its K and V shard P − 1 times, ``2·(P−1)·B·H_kv·(L/P)·E``; Ulysses sends (P−1)/P of q and the output
+(H heads) and of k and v (H_kv heads), ``(P−1)/P·B·(L/P)·E·(2H + 2H_kv)`` — P/2 times less than the ring
+with MHA, P/5 with H = 4·H_kv. Ulysses can split at most H_kv ways without replicating K/V heads.
 :func:`comm_stats` reports the bytes this process actually sent.
 
 Every function here is called on every rank of ``group`` (default: the default process group). The
 tensors live on whatever device the rank uses (gloo on CPU, NCCL on CUDA); nothing is hard-coded.
 :func:`launch` spawns P local processes on a free loopback port (used by the lesson, the tests and
-``attn-course ring``); under ``torchrun`` the same functions run unchanged.
+``attn-course ring``; :func:`choose_backend` picks nccl with one GPU per rank, else gloo); under
+``torchrun`` the CLI reads LOCAL_RANK, calls ``torch.cuda.set_device`` and the same functions run unchanged.
 """
 from __future__ import annotations
 
@@ -53,7 +59,8 @@ from .flash import flash_attention_backward, flash_attention_forward
 
 __all__ = ["ring_attention", "ulysses_attention", "shard_positions", "shard", "merge_partials",
            "ring_schedule", "comm_stats", "reset_comm_stats", "launch", "ring_comm_bytes",
-           "ulysses_comm_bytes", "verify", "ring_plan", "work_per_rank", "LAYOUTS"]
+           "ulysses_comm_bytes", "verify", "ring_plan", "work_per_rank", "LAYOUTS", "choose_backend",
+           "rank_device", "reference_rows"]
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -243,28 +250,32 @@ def _ring_backward(q, k, v, out, lse, dout, is_causal, layout, group):
     L = Lloc * world
     q_chunks = _chunks(rank, world, L, layout)
     acc = torch.promote_types(q.dtype, torch.float32)
-    E, Ev = k.shape[-1], v.shape[-1]
+    E = k.shape[-1]
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    # the travelling bundle: [k | v | dk | dv] of the shard that started on rank (rank − t) mod P
-    bundle = torch.cat([k.to(acc), v.to(acc), torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc)],
-                       dim=-1).contiguous()
+    # two travelling messages for the shard that started on rank (rank − t) mod P:
+    #   kv   = [k | v] in the INPUT dtype: P − 1 hops, sent while this step computes (as in the forward);
+    #   dkdv = [dk | dv] in the accumulation dtype (fp32 for bf16/fp16): P hops, sent only AFTER this
+    #          step has added its contribution, so this teaching version does not overlap it with compute.
+    kv = torch.cat([k, v], dim=-1).contiguous()
+    dkdv = torch.zeros(*k.shape[:-1], E + v.shape[-1], dtype=acc, device=k.device)
     for t in range(world):
-        src = (rank - t) % world
-        k_t, v_t = bundle[..., :E], bundle[..., E:E + Ev]
-        dk_t, dv_t = bundle[..., E + Ev:2 * E + Ev], bundle[..., 2 * E + Ev:]
-        for qs, ks, diag in _pairs(q_chunks, _chunks(src, world, L, layout), is_causal):
+        if t < world - 1:
+            nxt, reqs_kv = _start_shift(kv, rank, world, group)                 # overlapped: K/V for step t+1
+        k_t, v_t = kv[..., :E].to(acc), kv[..., E:].to(acc)
+        for qs, ks, diag in _pairs(q_chunks, _chunks((rank - t) % world, world, L, layout), is_causal):
             gq, gk, gv = flash_attention_backward(q[..., qs, :].to(acc), k_t[..., ks, :], v_t[..., ks, :],
                                                   out[..., qs, :].to(acc), lse[..., qs], dout[..., qs, :].to(acc),
                                                   is_causal=diag)
             dq[..., qs, :] += gq
-            dk_t[..., ks, :] += gk
-            dv_t[..., ks, :] += gv
-        # P hops bring every bundle home: after the last one rank r holds its own shard's dk, dv
-        if world > 1:
-            bundle, reqs = _start_shift(bundle, rank, world, group)
+            dkdv[..., ks, :E] += gk
+            dkdv[..., ks, E:] += gv
+        if world > 1:                          # P hops bring every dk, dv home (not overlapped: see above)
+            dkdv, reqs = _start_shift(dkdv, rank, world, group)
             _wait(reqs)
-    dk, dv = bundle[..., E + Ev:2 * E + Ev], bundle[..., 2 * E + Ev:]
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+        if t < world - 1:
+            _wait(reqs_kv)
+            kv = nxt
+    return dq.to(q.dtype), dkdv[..., :E].to(k.dtype), dkdv[..., E:].to(v.dtype)
 
 
 class _RingAttention(torch.autograd.Function):
@@ -356,20 +367,37 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_c
 # ---- formulas ------------------------------------------------------------------------------------------
 
 def ring_comm_bytes(*, world: int, batch: int, heads: int, seq_len: int, head_dim: int, elem_bytes: int = 4,
-                    backward: bool = False) -> int:
-    """Bytes one rank sends in :func:`ring_attention`: forward P−1 hops of its K and V shard
-    (``2·(P−1)·B·H·(L/P)·E`` elements); the backward sends P hops of [k, v, dk, dv] (4 shard-sized pieces,
-    in the accumulation dtype)."""
-    shard = batch * heads * (seq_len // world) * head_dim
-    return (4 * world * shard if backward else 2 * (world - 1) * shard) * elem_bytes
+                    backward: bool = False, num_kv_heads: int | None = None) -> int:
+    """Bytes one rank sends in :func:`ring_attention`, with ``num_kv_heads`` K/V heads (GQA; default
+    ``heads``, i.e. MHA — only K and V travel, so only H_kv matters).
+
+    Forward: P − 1 hops of its K and V shard, ``2·(P−1)·B·H_kv·(L/P)·E`` elements of ``elem_bytes``.
+    ``backward=True``: the backward alone — K and V go round again (P − 1 hops, input dtype) and the
+    gradient accumulators dK, dV make P hops (to come home) in the accumulation dtype, at least 4 bytes:
+    ``2·(P−1)·shard·elem_bytes + 2·P·shard·max(elem_bytes, 4)``.
+    """
+    if any(int(x) <= 0 for x in (world, batch, heads, seq_len, head_dim, elem_bytes)):
+        raise ValueError(f"sizes must be positive: world={world}, batch={batch}, heads={heads}, "
+                         f"seq_len={seq_len}, head_dim={head_dim}, elem_bytes={elem_bytes}")
+    h_kv = heads if num_kv_heads is None else num_kv_heads
+    shard = batch * h_kv * (seq_len // world) * head_dim
+    if backward:
+        return 2 * (world - 1) * shard * elem_bytes + 2 * world * shard * max(elem_bytes, 4)
+    return 2 * (world - 1) * shard * elem_bytes
 
 
 def ulysses_comm_bytes(*, world: int, batch: int, heads: int, seq_len: int, head_dim: int,
-                       elem_bytes: int = 4) -> int:
-    """Bytes one rank sends in the forward of :func:`ulysses_attention`: (P−1)/P of each of q, k, v on the
-    way in and of the output on the way back, ``4·(P−1)/P·B·H·(L/P)·E`` elements."""
-    shard = batch * heads * (seq_len // world) * head_dim
-    return 4 * (world - 1) * shard // world * elem_bytes
+                       elem_bytes: int = 4, num_kv_heads: int | None = None) -> int:
+    """Bytes one rank sends in the forward of :func:`ulysses_attention`: (P−1)/P of its q and output
+    shards (H heads) and of its k and v shards (``num_kv_heads`` heads, default ``heads``):
+    ``(P−1)/P·B·(L/P)·E·(2H + 2H_kv)`` elements. With MHA that is ``4·(P−1)/P·B·H·(L/P)·E``. (Ulysses can
+    split at most H_kv ways without replicating K/V heads.)"""
+    if any(int(x) <= 0 for x in (world, batch, heads, seq_len, head_dim, elem_bytes)):
+        raise ValueError(f"sizes must be positive: world={world}, batch={batch}, heads={heads}, "
+                         f"seq_len={seq_len}, head_dim={head_dim}, elem_bytes={elem_bytes}")
+    h_kv = heads if num_kv_heads is None else num_kv_heads
+    per_head = batch * (seq_len // world) * head_dim
+    return (world - 1) * per_head * (2 * heads + 2 * h_kv) // world * elem_bytes
 
 
 # ---- launching P local processes -----------------------------------------------------------------------
@@ -380,11 +408,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world, port, fn, args, queue, timeout):
+def choose_backend(backend: str = "auto", world_size: int = 1) -> str:
+    """The ``torch.distributed`` backend for ``world_size`` local ranks: ``"nccl"`` when CUDA is available
+    with at least one GPU per rank (NCCL needs a GPU per rank), else ``"gloo"`` (CPU tensors).
+    ``backend="gloo"`` or ``"nccl"`` forces it; ``"nccl"`` without enough GPUs is a ValueError."""
+    if backend not in ("auto", "gloo", "nccl"):
+        raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {backend!r}")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "nccl" and gpus < world_size:
+        raise ValueError(f"the nccl backend needs one CUDA GPU per rank: world_size={world_size}, "
+                         f"GPUs available={gpus}")
+    if backend == "auto":
+        backend = "nccl" if gpus >= world_size and dist.is_nccl_available() else "gloo"
+    return backend
+
+
+def rank_device(backend: str, local_rank: int = 0) -> torch.device:
+    """Where a rank's tensors live: ``cuda:local_rank`` (and made current) for nccl, the CPU for gloo."""
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def _worker(rank, world, port, fn, args, queue, timeout, backend="gloo"):
     try:
         torch.set_num_threads(1)                                  # P processes share the machine's cores
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        rank_device(backend, rank)                                # nccl: one GPU per rank, made current
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=__import__("datetime").timedelta(seconds=timeout))
         reset_comm_stats()
         result = fn(rank, world, *args)
@@ -396,8 +448,9 @@ def _worker(rank, world, port, fn, args, queue, timeout):
         raise SystemExit(1)
 
 
-def launch(fn, world_size: int, *args, timeout: float = 60.0):
-    """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh local processes joined in a gloo group
+def launch(fn, world_size: int, *args, timeout: float = 60.0, backend: str = "gloo"):
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh local processes joined in a process group
+    (``backend``: "gloo" by default, "nccl" — rank r on ``cuda:r`` — or "auto", see :func:`choose_backend`)
     on a free loopback port; return the list of their results (rank order).
 
     ``fn`` must be importable (defined in a module, not in a notebook cell), its result picklable.
@@ -407,11 +460,12 @@ def launch(fn, world_size: int, *args, timeout: float = 60.0):
     import multiprocessing as mp
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    backend = choose_backend(backend, world_size)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, timeout), daemon=True)
-             for r in range(world_size)]
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, timeout, backend),
+                         daemon=True) for r in range(world_size)]
     results: dict[int, object] = {}
     deadline = time.monotonic() + timeout
     try:
@@ -446,23 +500,52 @@ def launch(fn, world_size: int, *args, timeout: float = 60.0):
 
 # ---- one rank's check against single-process attention (used by the CLI, the tests and lesson 13) -------
 
+def reference_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, *,
+                   is_causal: bool = False, max_block_elems: int = 1 << 20,
+                   max_block_rows: int = 128) -> torch.Tensor:
+    """Exact softmax attention for the query rows ``rows`` (global positions) over ALL of k, v, computed a
+    block of at most ``max_block_rows`` query rows at a time so that no (…, L, L) tensor ever exists: the
+    largest intermediate, B·H·rows_per_block·L elements, stays under ``max_block_elems`` (or one row).
+    Differentiable (autograd through the blocks), in the dtype and on the device of the inputs."""
+    if q.shape[:-2] != k.shape[:-2] or k.shape[:-1] != v.shape[:-1] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"reference_rows needs q (…, L, E), k (…, L, E), v (…, L, Ev) of one batch shape: "
+                         f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    L = k.shape[-2]
+    batch_heads = max(1, math.prod(q.shape[:-2]))
+    step = max(1, min(len(rows), max_block_rows, max_block_elems // (batch_heads * L)))
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    pos_k = torch.arange(L, device=k.device)
+    outs = []
+    for i in range(0, len(rows), step):
+        r = rows[i:i + step].to(q.device)
+        s = (q[..., r, :] @ k.transpose(-1, -2)) * scale                    # (…, step, L)
+        if is_causal:
+            s = s.masked_fill(pos_k[None, :] > r[:, None], -math.inf)
+        outs.append(torch.softmax(s, dim=-1) @ v)
+    return torch.cat(outs, dim=-2)
+
+
 def verify(rank: int, world: int, configs: list[dict]) -> list[dict]:
     """Run on every rank (e.g. through :func:`launch`): for each config draw the FULL q, k, v from its
-    seed (identically on every rank), run ``ring_attention`` (or ``ulysses_attention``) on this rank's
-    shard, and compare output (and, with ``backward``, gradients) with single-process attention on the
-    full sequence. A config is a dict with keys ``seq_len``, and optionally ``method`` ("ring" |
-    "ulysses"), ``layout``, ``causal``, ``batch``, ``heads``, ``head_dim``, ``dtype`` ("float32" |
-    "float64"), ``backward``, ``seed``, ``repeats`` (timed runs after a warm-up). Returns per config:
-    max abs errors, bytes sent, q·k score entries computed, median forward ms."""
-    from .functional import attention
+    seed (identically on every rank, on the CPU, then moved to the config's ``device``), run
+    ``ring_attention`` (or ``ulysses_attention``) on this rank's shard, and compare the output with a
+    blockwise fp64 reference for this rank's rows (:func:`reference_rows`: never an L×L tensor); with
+    ``backward`` also the gradients, against a blockwise fp64 backward over all rows. A config is a dict
+    with keys ``seq_len``, and optionally ``method`` ("ring" | "ulysses"), ``layout``, ``causal``,
+    ``batch``, ``heads``, ``head_dim``, ``dtype`` ("float32" | "float64"), ``backward``, ``seed``,
+    ``repeats`` (timed runs after a warm-up), ``device`` (default: ``cuda:<rank>`` under nccl, else cpu).
+    Returns per config: max abs errors, bytes sent, q·k score entries computed, median forward ms."""
     out = []
+    default_dev = (torch.device("cuda", torch.cuda.current_device())
+                   if dist.is_initialized() and dist.get_backend() == "nccl" else torch.device("cpu"))
     for cfg in configs:
         method, layout = cfg.get("method", "ring"), cfg.get("layout", "contiguous")
         causal, backward = bool(cfg.get("causal", False)), bool(cfg.get("backward", False))
         B, H, L, E = cfg.get("batch", 1), cfg.get("heads", 2), cfg["seq_len"], cfg.get("head_dim", 16)
         dtype = getattr(torch, cfg.get("dtype", "float64"))
+        dev = torch.device(cfg["device"]) if cfg.get("device") else default_dev
         gen = torch.Generator().manual_seed(cfg.get("seed", 0))
-        q, k, v, g = (torch.randn(B, H, L, E, generator=gen, dtype=dtype) for _ in range(4))
+        q, k, v, g = (torch.randn(B, H, L, E, generator=gen, dtype=dtype).to(dev) for _ in range(4))
         q_s, k_s, v_s = (shard(t, rank, world, layout).requires_grad_(backward) for t in (q, k, v))
         fn = (lambda a, b, c: ring_attention(a, b, c, is_causal=causal, layout=layout)) if method == "ring" \
             else (lambda a, b, c: ulysses_attention(a, b, c, is_causal=causal))
@@ -470,13 +553,20 @@ def verify(rank: int, world: int, configs: list[dict]) -> list[dict]:
         for i in range(1 + cfg.get("repeats", 0)):              # the first run is the warm-up when timing
             dist.barrier()
             reset_comm_stats()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
             t0 = time.perf_counter()
             o_s = fn(q_s, k_s, v_s)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
             times.append((time.perf_counter() - t0) * 1e3)
         stats = comm_stats()
-        ref_in = [t.clone().requires_grad_(backward) for t in (q, k, v)]
-        ref, _ = attention(*ref_in, is_causal=causal)
-        res = {**cfg, "rank": rank, "world": world, "out_err": (o_s.detach() - shard(ref.detach(), rank, world, layout)).abs().max().item(),
+        rows = shard_positions(rank, world, L, layout)
+        q64, k64, v64 = (t.detach().double() for t in (q, k, v))
+        with torch.no_grad():
+            ref_rows = reference_rows(q64, k64, v64, rows, is_causal=causal)
+        res = {**cfg, "rank": rank, "world": world, "device": str(dev), "backend": dist.get_backend(),
+               "out_err": (o_s.detach().double() - ref_rows).abs().max().item(),
                "bytes_sent": stats["bytes_sent"], "score_entries": stats["score_entries"],
                "ms": sorted(times[1:])[len(times[1:]) // 2] if len(times) > 1 else times[0]}
         if backward:
@@ -484,8 +574,13 @@ def verify(rank: int, world: int, configs: list[dict]) -> list[dict]:
             reset_comm_stats()
             (o_s * g_s).sum().backward()
             res["bytes_sent_backward"] = comm_stats()["bytes_sent"]
-            (ref * g).sum().backward()
-            res["grad_err"] = max((a.grad - shard(b.grad, rank, world, layout)).abs().max().item()
+            ref_in = [t.clone().requires_grad_(True) for t in (q64, k64, v64)]
+            g64 = g.double()
+            blk = max(1, min(L, 128, (1 << 20) // max(1, B * H * L)))
+            for i in range(0, L, blk):                          # blockwise backward: one query block at a time
+                r = torch.arange(i, min(L, i + blk), device=dev)
+                (reference_rows(*ref_in, r, is_causal=causal) * g64[..., r, :]).sum().backward()
+            res["grad_err"] = max((a.grad.double() - shard(b.grad, rank, world, layout)).abs().max().item()
                                   for a, b in zip((q_s, k_s, v_s), ref_in))
         out.append(res)
     return out
@@ -508,8 +603,9 @@ def _format(results: list[list[dict]]) -> str:
     lines = [f"{c.get('method', 'ring')} attention, P={c['world']}, L={c['seq_len']}, "
              f"layout={c.get('layout', 'contiguous') if c.get('method', 'ring') == 'ring' else 'contiguous'}, "
              f"causal={c.get('causal', False)}, (B, H, E)=({c.get('batch', 1)}, {c.get('heads', 2)}, "
-             f"{c.get('head_dim', 16)}), {c.get('dtype', 'float64')}; shard = {shard_elems} elements",
-             f"{'rank':>4} {'max |err| vs 1 process':>23} {'bytes sent':>11} {'formula':>9} {'work share':>10} "
+             f"{c.get('head_dim', 16)}), {c.get('dtype', 'float64')}, {c.get('backend', 'gloo')} on "
+             f"{c.get('device', 'cpu')}; shard = {shard_elems} elements",
+             f"{'rank':>4} {'max |err| vs fp64 ref':>23} {'bytes sent':>11} {'formula':>9} {'work share':>10} "
              f"{'fwd ms (median)':>16}"]
     for r in rows:
         share = f"{r['score_entries'] / total:.1%}" if r["score_entries"] else "—"
@@ -520,26 +616,38 @@ def _format(results: list[list[dict]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-    p = argparse.ArgumentParser(prog="attn-course ring", description=(
-        "Run ring (or Ulysses) attention on P local processes (gloo) and compare with single-process "
-        "attention: error, bytes sent per rank and each rank's share of the work."))
+    p = argparse.ArgumentParser(prog="attn-course ring", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                description=(
+        "Run ring (or Ulysses) attention on P local processes and compare each rank's output with a "
+        "blockwise fp64 reference (never an L×L matrix): error, bytes sent per rank and each rank's share of "
+        "the work. Backend: nccl with one GPU per rank when CUDA has enough GPUs, else gloo on the CPU. "
+        "Also runs under `torchrun --nproc-per-node P -m attn_course.ring ...` (LOCAL_RANK picks the GPU)."))
     p.add_argument("--world-size", type=int, default=2, help="P, processes to spawn (ignored under torchrun)")
     p.add_argument("--seq-len", type=int, default=1024, help="L, the full sequence length")
-    p.add_argument("--causal", action="store_true")
-    p.add_argument("--layout", choices=LAYOUTS, default="contiguous")
-    p.add_argument("--method", choices=("ring", "ulysses"), default="ring")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--head-dim", type=int, default=32)
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs after one warm-up (default 3)")
+    p.add_argument("--causal", action="store_true", help="causal mask over global positions")
+    p.add_argument("--layout", choices=LAYOUTS, default="contiguous", help="how positions are sharded")
+    p.add_argument("--method", choices=("ring", "ulysses"), default="ring", help="which algorithm")
+    p.add_argument("--batch", type=int, default=1, help="B")
+    p.add_argument("--heads", type=int, default=4, help="H")
+    p.add_argument("--head-dim", type=int, default=32, help="E")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="dtype of q, k, v")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs after one warm-up")
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                   help="auto: nccl if CUDA has a GPU per rank, else gloo")
+    p.add_argument("--device", default=None,
+                   help="device of each rank's tensors (default: cuda:<local rank> with nccl, cpu with gloo)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds before the run is killed")
     a = p.parse_args(argv)
     cfg = [dict(seq_len=a.seq_len, causal=a.causal, layout=a.layout, method=a.method, batch=a.batch,
-                heads=a.heads, head_dim=a.head_dim, dtype=a.dtype, repeats=a.repeats)]
+                heads=a.heads, head_dim=a.head_dim, dtype=a.dtype, repeats=a.repeats, device=a.device)]
     try:
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:    # under torchrun: we are one of the ranks
-            dist.init_process_group("gloo")
+            world = int(os.environ["WORLD_SIZE"])
+            local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+            local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+            backend = choose_backend(a.backend, local_world)
+            rank_device(backend, local)
+            dist.init_process_group(backend)
             mine = verify(dist.get_rank(), dist.get_world_size(), cfg)
             gathered = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, mine)
@@ -547,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(_format(gathered))
             dist.destroy_process_group()
         else:
-            print(_format(launch(verify, a.world_size, cfg, timeout=a.timeout)))
+            print(_format(launch(verify, a.world_size, cfg, timeout=a.timeout, backend=a.backend)))
     except (ValueError, RuntimeError, TimeoutError) as exc:
         print(f"attn-course ring: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
         return 1

@@ -183,3 +183,81 @@ def test_ring_plan_covers_exactly_the_visible_pairs_and_predicts_the_measured_wo
             for per_rank in _rows(results, layout=layout, causal=causal, seq_len=L, dtype="float64"):
                 H = per_rank[0]["heads"]
                 assert [H * w for w in ring.work_per_rank(P, L, layout, causal)] == [r["score_entries"] for r in per_rank]
+
+
+# ---- backend choice, device, the blockwise reference, the formulas (no GPU needed) -------------------------
+
+def _fake_cuda(monkeypatch, gpus):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(ring.dist, "is_nccl_available", lambda: True)
+
+
+@pytest.mark.parametrize("gpus, world, expected", [(0, 2, "gloo"), (1, 2, "gloo"), (2, 2, "nccl"), (8, 4, "nccl"),
+                                                   (4, 1, "nccl")])
+def test_auto_backend_is_nccl_only_with_one_gpu_per_rank(monkeypatch, gpus, world, expected):
+    _fake_cuda(monkeypatch, gpus)
+    assert ring.choose_backend("auto", world) == expected
+    assert ring.choose_backend("gloo", world) == "gloo"                      # forcing gloo always works
+
+
+def test_forcing_nccl_without_enough_gpus_names_the_sizes(monkeypatch):
+    _fake_cuda(monkeypatch, 1)
+    with pytest.raises(ValueError, match="world_size=2, GPUs available=1"):
+        ring.choose_backend("nccl", 2)
+    with pytest.raises(ValueError, match="world_size=2, GPUs available=1"):
+        ring.launch(worker_raises_on_rank_1, 2, backend="nccl")               # refused before any process starts
+    assert not multiprocessing.active_children()
+    with pytest.raises(ValueError, match="'auto', 'gloo' or 'nccl'"):
+        ring.choose_backend("mpi", 2)
+    assert ring.rank_device("gloo", 3) == torch.device("cpu")
+
+
+def test_nccl_rank_device_sets_the_local_gpu(monkeypatch):
+    seen = []
+    monkeypatch.setattr(torch.cuda, "set_device", seen.append)
+    assert ring.rank_device("nccl", 3) == torch.device("cuda", 3) and seen == [3]
+
+
+@pytest.mark.parametrize("layout", ring.LAYOUTS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_reference_rows_equals_sdpa_rows_without_an_LxL_tensor(layout, causal):
+    from attn_course.bench import largest_tensor_created
+    B, H, L, E, P = 1, 2, 2048, 8, 4
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(B, H, L, E, generator=g, dtype=torch.float64) for _ in range(3))
+    rows = ring.shard_positions(1, P, L, layout)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)[..., rows, :]
+    assert_close(ring.reference_rows(q, k, v, rows, is_causal=causal), ref, atol=1e-12, rtol=0)
+    largest = largest_tensor_created(lambda: ring.reference_rows(q, k, v, rows, is_causal=causal)) // 8   # elements
+    assert largest <= B * H * 128 * L <= B * H * L * L // 16, largest          # 128-row blocks, never L×L
+    small = largest_tensor_created(lambda: ring.reference_rows(q, k, v, rows, is_causal=causal,
+                                                               max_block_elems=B * H * L * 16)) // 8
+    assert small <= B * H * 16 * L, small
+
+
+def test_formulas_with_gqa_give_ring_over_ulysses_p_over_5():
+    B, H, H_kv, L, E = 1, 32, 8, 131072, 128
+    for P in (2, 4, 8, 16):
+        kw = dict(world=P, batch=B, heads=H, seq_len=L, head_dim=E, elem_bytes=2)
+        shard_kv = B * H_kv * (L // P) * E
+        r, u = ring.ring_comm_bytes(**kw, num_kv_heads=H_kv), ring.ulysses_comm_bytes(**kw, num_kv_heads=H_kv)
+        assert r == 2 * (P - 1) * shard_kv * 2
+        assert u == (P - 1) * B * (L // P) * E * (2 * H + 2 * H_kv) // P * 2
+        assert r / u == pytest.approx(P / 5)
+        assert ring.ring_comm_bytes(**kw) / ring.ulysses_comm_bytes(**kw) == pytest.approx(P / 2)     # MHA
+    s = 1 * 2 * (64 // 4) * 16                                               # backward, fp32 and bf16 inputs
+    assert ring.ring_comm_bytes(world=4, batch=1, heads=2, seq_len=64, head_dim=16, backward=True) == (2 * 3 + 2 * 4) * s * 4
+    assert ring.ring_comm_bytes(world=4, batch=1, heads=2, seq_len=64, head_dim=16, elem_bytes=2,
+                                backward=True) == 2 * 3 * s * 2 + 2 * 4 * s * 4
+    with pytest.raises(ValueError, match="world=0"):
+        ring.ring_comm_bytes(world=0, batch=1, heads=2, seq_len=64, head_dim=16)
+
+
+def test_cli_help_shows_defaults_and_the_backend_option():
+    out = subprocess.run([sys.executable, "-m", "attn_course.ring", "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    assert "--backend {auto,gloo,nccl}" in text and "--device" in text
+    assert "(default: 1024)" in text and "(default: auto)" in text and "(default: 2)" in text
