@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 __all__ = ["GPUS", "Config", "matrix", "compile_configs", "compile_config", "load_recorded", "table_rows",
-           "RECORDED"]
+           "RECORDED", "triton_version", "recorded_row"]
 
 RECORDED = Path(__file__).resolve().parent / "data" / "triton_aot.json"
 
@@ -192,6 +192,27 @@ def compile_configs(configs: list[Config], *, jobs: int = 2, cubin_dir: str | No
 def compile_config(cfg: Config, *, cubin_dir: str | None = None, timeout: float = 120) -> dict:
     """Compile one configuration in a fresh process and return its record (see :func:`compile_configs`)."""
     return compile_configs([cfg], jobs=1, cubin_dir=cubin_dir, timeout=timeout)[0]
+
+
+def triton_version() -> str | None:
+    """The installed Triton's version, or None when it cannot be imported (a CPU-only torch, macOS, Windows, an
+    install without the ``triton`` extra). Asked in a fresh process, without ``TRITON_*`` settings, as the
+    compiles are; nothing here needs Triton itself."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRITON_")}
+    res = subprocess.run([sys.executable, "-c", "import triton; print(triton.__version__)"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    return res.stdout.strip().splitlines()[-1] if res.returncode == 0 and res.stdout.strip() else None
+
+
+def recorded_row(records: list[dict], cfg: Config) -> dict | None:
+    """The recorded compile of ``cfg`` (same kernel, arch, dtype, head dim, causal, warps and stages), if any."""
+    for r in records:
+        if (r["kernel"], r["arch"], r["dtype"], r["head_dim"], r["causal"]) == (
+                cfg.kernel, cfg.arch, cfg.dtype, cfg.head_dim, cfg.causal) and \
+                (cfg.num_warps is None or r["num_warps"] == cfg.num_warps) and \
+                (cfg.num_stages is None or r["num_stages"] == cfg.num_stages):
+            return r
+    return None
 
 
 def load_recorded(path: str | Path = RECORDED) -> tuple[dict, list[dict]]:
