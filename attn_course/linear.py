@@ -190,7 +190,10 @@ def random_features(num_features: int, dim: int, *, orthogonal: bool = True, gen
         return torch.randn(num_features, dim, generator=generator, dtype=dtype).to(device)
     n_blocks = -(-num_features // dim)
     G = torch.randn(n_blocks, dim, dim, generator=generator, dtype=torch.float64)
-    Qm, _ = torch.linalg.qr(G)                                              # (n_blocks, dim, dim), orthonormal columns
+    Qm, R = torch.linalg.qr(G)                                              # (n_blocks, dim, dim), orthonormal columns
+    # QR's Q is uniformly (Haar) distributed only once the signs of R's diagonal are made positive; without this
+    # the rows lean towards fixed directions and the estimator of exp(qᵀk/√d) is biased
+    Qm = Qm * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1))[:, None, :]
     rows = Qm.transpose(-2, -1).reshape(n_blocks * dim, dim)[:num_features]
     norms = torch.randn(num_features, dim, generator=generator, dtype=torch.float64).norm(dim=-1, keepdim=True)
     return (rows * norms).to(dtype=dtype, device=device)
