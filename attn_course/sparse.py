@@ -6,11 +6,13 @@ dense tensors:
 * a ``score_mod(score, b, h, q_idx, kv_idx) -> score`` edits one scaled score ``q·k/√d`` (ALiBi, soft-capping,
   a relative bias, …);
 * a ``mask_mod(b, h, q_idx, kv_idx) -> bool`` says whether query ``q_idx`` may attend key ``kv_idx``
-  (True = may attend, the course's polarity). ``create_block_mask`` evaluates it once per
-  ``BLOCK × BLOCK`` tile and records, per query block, which key blocks are *full*, *partial* or *empty*:
-  that :class:`~torch.nn.attention.flex_attention.BlockMask` is what makes the compiled kernel skip the
-  empty tiles, so the cost follows the number of non-empty blocks (O(L·W) for a window), and it takes
-  O((L/BLOCK)²) bytes instead of the L² of a dense mask.
+  (True = may attend, the course's polarity). ``create_block_mask`` evaluates it on **every** (q_idx, kv_idx)
+  pair (vmapped; in eager mode that materialises an ``(Lq, Lk)`` bool tensor, per batch and head if the
+  mask_mod depends on them), then reduces it tile by tile and records, per query block, which key blocks are
+  *full*, *partial* or *empty*. Building it is O(L²) work — build it once and reuse it. What it keeps, the
+  :class:`~torch.nn.attention.flex_attention.BlockMask`, takes O((L/BLOCK)²) bytes instead of the L² of a
+  dense mask, and it is what makes the compiled kernel skip the empty tiles: the cost follows the number
+  of non-empty tiles (O(L·W) for a window) — not the density, since a partial tile costs a full one.
 
 ``torch.compile(flex_attention)`` generates one fused kernel per (score_mod, mask_mod, shapes); on CPU that
 first call compiles C++ and takes seconds to minutes, later calls reuse it (:func:`compiled_flex`).
@@ -36,8 +38,8 @@ from . import _validate
 from .positions import alibi_slopes
 
 __all__ = ["causal", "sliding_window", "dilated", "global_local", "bigbird", "block_sparse",
-           "sparse_transformer_layout", "random_block_layout", "dense", "density", "tile_occupancy", "block_mask",
-           "block_mask_bytes", "alibi", "soft_cap", "relative_bias", "compiled_flex", "flex"]
+           "sparse_transformer_layout", "random_block_layout", "dense", "density", "tile_share", "tile_occupancy",
+           "block_mask", "block_mask_bytes", "alibi", "soft_cap", "relative_bias", "compiled_flex", "flex"]
 
 
 # ---- mask_mods: (b, h, q_idx, kv_idx) -> bool, True = may attend ---------------------------------------
@@ -119,14 +121,14 @@ def block_sparse(layout: torch.Tensor, block: int, *, causal: bool = False):
     return mask_mod
 
 
-def sparse_transformer_layout(n_blocks: int, stride: int, *, causal: bool = True) -> torch.Tensor:
+def sparse_transformer_layout(n_blocks: int, stride: int, *, causal: bool = True, device=None) -> torch.Tensor:
     """The "fixed" pattern of Child et al. 2019 (§4.2) at block granularity, ``(n, n)`` bool: block (i, j)
     is on iff i and j are in the same group of ``stride`` blocks (``i // s == j // s``) or j is the last
     block of its group (a "summary" column, ``j % s == s − 1``); and ``j <= i`` if causal."""
     _validate.positive_int("n_blocks", n_blocks)
     _validate.positive_int("stride", stride)
-    i = torch.arange(n_blocks)[:, None]
-    j = torch.arange(n_blocks)[None, :]
+    i = torch.arange(n_blocks, device=device)[:, None]
+    j = torch.arange(n_blocks, device=device)[None, :]
     on = (i // stride == j // stride) | (j % stride == stride - 1)
     return on & (j <= i) if causal else on
 
@@ -154,8 +156,18 @@ def dense(mask_mod, q_len: int, k_len: int | None = None, *, device=None) -> tor
 
 
 def density(mask: torch.Tensor) -> float:
-    """Fraction of (query, key) pairs that may attend: the share of the dense L² work that remains."""
+    """Fraction of (query, key) pairs that may attend: the share of the dense L² work an ideal kernel that
+    skips single pairs would keep. Tile kernels (FlexAttention, block-sparse FlashAttention,
+    ``flash_attention(window=)``) pay for every tile the pattern touches: see :func:`tile_share`."""
     return float(mask.float().mean())
+
+
+def tile_share(mask: torch.Tensor, block: int) -> float:
+    """Fraction of the ``block × block`` tiles a tile-skipping kernel visits (full or partial tiles of
+    :func:`tile_occupancy`): its share of the dense work. At least :func:`density`, often several times it
+    (a partial tile costs as much as a full one)."""
+    full, partial = tile_occupancy(mask, block)
+    return int((full | partial).sum()) / full.numel()               # exact: a count over a count
 
 
 def tile_occupancy(mask: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:

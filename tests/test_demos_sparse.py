@@ -24,3 +24,18 @@ def test_first_token_needs_a_global_token():
     a_local, a_glob = accuracy_by_position(local, task), accuracy_by_position(glob, task)
     assert float(a_local[3:].mean()) < 0.2 < 0.95 < float(a_glob[3:].mean())
     assert bool(a_local[0].isnan())
+
+
+def test_train_masked_follows_the_device_and_is_deterministic():
+    task, L = SparseTask("shift", seq_len=8), 8
+    mask = masks.sliding_window_mask(L, 3, causal=False)
+    a = train_masked(task, mask, steps=5, progress=False)
+    b = train_masked(task, mask, steps=5, progress=False, device=torch.device("cpu"))
+    assert all(p.device.type == "cpu" for p in a.parameters()) and a.mask.device.type == "cpu"
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    acc_a, acc_b = accuracy_by_position(a, task, n=64), accuracy_by_position(b, task, n=64)
+    assert torch.equal(acc_a.nan_to_num(-1.0), acc_b.nan_to_num(-1.0)) and bool(acc_a[:2].isnan().all())
+    if torch.cuda.is_available():
+        c = train_masked(task, mask.cuda(), steps=5, progress=False)
+        assert next(c.parameters()).device.type == "cuda" and c.mask.device.type == "cuda"
+        assert accuracy_by_position(c, task, n=64).shape == (L,)

@@ -144,3 +144,18 @@ def test_fix_sparse_attention():
     assert_hint("09_fix_sparse_attention", partial(attn_ok, how="add"), "adding the 0/1 mask")
     assert_hint("09_fix_sparse_attention", partial(attn_ok, how="flip"), "polarity")
     assert_hint("09_fix_sparse_attention", partial(attn_ok, scale=False), "1/√d")
+
+
+def test_window_density_judge_never_crashes_on_a_wrong_answer():
+    """9.2 once passed None (no L·W/L² candidate when window > L) to torch.isclose: a wrong answer then got
+    'could not compare your answer (TypeError)' instead of a hint. Every wrong answer must get a hint."""
+    from exercise_kit import results
+    wrong = [lambda L, W: 0.5, lambda L, W: L * W / L ** 2, lambda L, W: 2.0, lambda L, W: 0]
+    for seed in (0, 1, 2, 3):
+        for fn in wrong:
+            res = results("09_window_density", fn, seed)
+            assert not all(ok for ok, _ in res)
+            msgs = [msg for ok, msg in res if not ok]
+            assert not any("could not compare" in m or "TypeError" in m for m in msgs), msgs
+    cases = exercise_kit.get("09_window_density").cases(torch.Generator().manual_seed(0))
+    assert any(c.params["window"] > c.params["L"] for c in cases)          # the case that used to crash

@@ -152,3 +152,32 @@ def test_sparse_explorer_views():
     box = ex.widget()
     box.controls["pattern"].value = "dilated"
     assert len(box.children[-1].outputs) == 1
+
+
+def _tiles_brute(m, block):
+    """Tiles with at least one kept pair, by a loop over tiles."""
+    Lq, Lk = m.shape
+    return sum(bool(m[a:a + block, b:b + block].any()) for a in range(0, Lq, block) for b in range(0, Lk, block))
+
+
+def test_tile_share_counts_touched_tiles_and_exceeds_density():
+    for m, block in [(masks.sliding_window_mask(64, 8), 8), (masks.dilated_mask(64, 8, 3), 8),
+                     (masks.causal_mask(10), 4), (masks.global_local_mask(40, 3, [0, 17]), 16)]:
+        n = -(-m.shape[0] // block) * -(-m.shape[1] // block)
+        assert sparse.tile_share(m, block) == _tiles_brute(m, block) / n
+        assert sparse.tile_share(m, block) >= sparse.density(m)
+    # equal density, about twice the tiles (lesson 09 §2): W = 6 keys per row, plain vs dilated by r = 8
+    win, dil = masks.sliding_window_mask(256, 6), masks.dilated_mask(256, 6, 8)
+    assert abs(sparse.density(win) - sparse.density(dil)) < 0.002
+    assert (_tiles_brute(win, 16), _tiles_brute(dil, 16)) == (31, 58)
+    with pytest.raises(ValueError, match="block"):
+        sparse.tile_share(win, 0)
+
+
+def test_sparse_transformer_layout_device_and_definition():
+    n, s = 6, 2
+    lay = sparse.sparse_transformer_layout(n, s, device=torch.device("cpu"))
+    ref = torch.tensor([[((i // s == j // s) or (j % s == s - 1)) and j <= i for j in range(n)] for i in range(n)])
+    assert lay.device.type == "cpu" and torch.equal(lay, ref)
+    if torch.cuda.is_available():
+        assert sparse.sparse_transformer_layout(n, s, device="cuda").device.type == "cuda"

@@ -72,7 +72,9 @@ class MaskedAttentionModel(OneLayerAttention):
 def accuracy_by_position(model: MaskedAttentionModel, task: SparseTask, *, n: int = 1024, seed: int = 1234
                          ) -> torch.Tensor:
     """``(seq_len,)`` held-out accuracy at each position (NaN where nothing is scored)."""
-    x, y = task.sample(torch.Generator().manual_seed(seed), n)
+    x, y = task.sample(torch.Generator().manual_seed(seed), n)         # drawn on the CPU: same data on any device
+    device = next(model.parameters()).device
+    x, y = x.to(device), y.to(device)
     pred = model(x).argmax(-1)
     scored = y != -100
     acc = ((pred == y) & scored).sum(0).float() / scored.sum(0).float()
@@ -80,10 +82,13 @@ def accuracy_by_position(model: MaskedAttentionModel, task: SparseTask, *, n: in
 
 
 def train_masked(task: SparseTask, mask: torch.Tensor, *, steps: int = 300, lr: float = 1e-2, d_model: int = 32,
-                 seed: int = 0, progress: bool = True, desc: str = "training") -> MaskedAttentionModel:
-    """Train a :class:`MaskedAttentionModel` with ``mask`` on ``task`` (deterministic for ``seed``, CPU)."""
+                 seed: int = 0, progress: bool = True, desc: str = "training", device=None) -> MaskedAttentionModel:
+    """Train a :class:`MaskedAttentionModel` with ``mask`` on ``task``, on ``device`` (default: the mask's).
+    Deterministic for ``seed`` on a given device: the parameters are initialised on the CPU and the batches
+    are drawn on the CPU, then moved."""
     torch.manual_seed(seed)
-    model = MaskedAttentionModel(task.vocab_size, task.seq_len, mask, d_model)
+    device = mask.device if device is None else torch.device(device)
+    model = MaskedAttentionModel(task.vocab_size, task.seq_len, mask.cpu(), d_model).to(device)
     fit(model, lambda g: task.sample(g), steps=steps, lr=lr, seed=seed, progress=progress, desc=desc,
         loss_fn=lambda logits, y: torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(),
                                                                     ignore_index=-100))

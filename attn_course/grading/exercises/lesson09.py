@@ -260,7 +260,7 @@ def _cache_judge(got, want, case):
     ], "bytes = 2 (K and V) · layers · batch · H_kv · min(tokens, window) · d_h · bytes per element.")
 
 
-# ---- 09_fix_sparse_attention (find the bug: seed 003's ⊙M) ----------------------------------------------
+# ---- 09_fix_sparse_attention (find the bug: a popular survey's ⊙M) ---------------------------------------
 
 def _att(q, k, v, scores_fn):
     s = q.to(_F64) @ k.to(_F64).transpose(-2, -1) / math.sqrt(q.shape[-1])
@@ -330,7 +330,7 @@ EXERCISES = [
              "a function rolling_cache_bytes(num_layers, num_kv_heads, head_dim, window, tokens, batch_size, "
              "bytes_per_element) -> int", _cache_cases, _cache_answer, _cache_expected, _cache_judge,
              forbidden=FORBID_COURSE),
-    Exercise("09_fix_sparse_attention", 2, "Find the bug: seed 003's softmax(QKᵀ/√d ⊙ M)",
+    Exercise("09_fix_sparse_attention", 2, "Find the bug: a survey's softmax(QKᵀ/√d ⊙ M)",
              "a function sparse_attention(q, k, v, mask) -> (B, H, L, d), mask bool (L, L), True = may attend",
              _fix_cases, _fix_answer, _fix_expected, _fix_judge, forbidden=FORBID_SDPA + FORBID_COURSE),
 ]
