@@ -21,7 +21,9 @@ the content keys would put a position-dependent rotation between W^UK and c^KV a
 is why the positional part lives in the separate, shared k^R.
 
 Parameter names and channel layout follow the DeepSeek checkpoints (and Hugging Face's
-``DeepseekV3Attention``), so their attention weights load with ``load_state_dict``:
+``DeepseekV3Attention``), so their attention weights load with ``load_state_dict`` (the released V2/V3
+models also use YaRN RoPE scaling, which this module does not implement: its rope frequencies, and a softmax
+scale multiplied by mscale² ≈ 1.59 for V2 — the weights load, the released model's numbers need both):
 ``q_proj`` (or ``q_a_proj``, ``q_a_layernorm``, ``q_b_proj``) output per head ``[nope | rope]``;
 ``kv_a_proj_with_mqa`` output ``[latent | k_rope]`` (= W^DKV and W^KR stacked); ``kv_a_layernorm``
 on the latent; ``kv_b_proj`` output per head ``[k_nope | v]`` (= W^UK and W^UV); ``o_proj`` = W^O.
