@@ -6,7 +6,7 @@
 Unlike the dot product, the query and key sizes may differ (W_q and W_k map both to ``hidden_dim``).
 The price: the tanh sits *between* the two projections, so nothing factorises — every pair (i, j) needs
 its own hidden vector, a ``(B, Lq, Lk, hidden_dim)`` tensor, and the cost is O(Lq · Lk · hidden) on top
-of the projections' O((Lq + Lk) · d · hidden). (Seed 003's "O(L d²)" leaves out the Lq · Lk pairs.)
+of the projections' O((Lq + Lk) · d · hidden). (A Chinese attention survey's "O(L d²)" leaves out the Lq · Lk pairs.)
 
 Reference: Bahdanau, Cho & Bengio, "Neural Machine Translation by Jointly Learning to Align and
 Translate", ICLR 2015, arXiv:1409.0473v7.

@@ -5,7 +5,7 @@ QK-norm and a sliding window), then a SwiGLU feed-forward network, each added to
     y = h + FFN(RMSNorm₂(h)),   FFN(u) = W₂ (SiLU(W₁ u) ⊙ W₃ u)      (SwiGLU: Shazeer 2020, Eq. 6)
 
 Inside Attn, per head: q, k = RoPE(norm_q(q)), RoPE(norm_k(k)) — QK-norm (timm's ``q_norm``/``k_norm``,
-seed 002; Dehghani et al. 2023) is an RMSNorm over head_dim applied *before* the rotation, so it only
+a popular Chinese attention tutorial; Dehghani et al. 2023) is an RMSNorm over head_dim applied *before* the rotation, so it only
 rescales each head's query and key and RoPE's relative-position property is untouched.
 
 References:

@@ -4,7 +4,7 @@
           = φ(q_i)ᵀ S / (φ(q_i)ᵀ z),   S = Σ_j φ(k_j) v_jᵀ  (E × E_v),  z = Σ_j φ(k_j)  (E)    Eq. (5)
 
 (φ(Q)φ(K)ᵀ)V = φ(Q)(φ(K)ᵀV): the right-hand order never forms the L × L matrix and costs O(L·E·E_v)
-instead of O(L²·E) — linear in L, *quadratic* in the head size (seed 003's "O(L d)" drops a d).
+instead of O(L²·E) — linear in L, *quadratic* in the head size (a Chinese attention survey's "O(L d)" drops a d).
 φ(x) = elu(x) + 1 (Eq. 7) keeps every similarity positive, so the normaliser never vanishes.
 
 Causal (j ≤ i): S_i = S_{i−1} + φ(k_i) v_iᵀ, z_i = z_{i−1} + φ(k_i) — an RNN with a state of fixed

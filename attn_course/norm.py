@@ -3,7 +3,7 @@
     RMSNorm(x) = x / sqrt(mean(x²) + eps) ⊙ g          (Zhang & Sennrich 2019, Eq. 4)
 
 Used by LLaMA, Mistral and DeepSeek for the pre-norm of every block, by DeepSeek-V2's MLA on the
-latent vectors, and as QK-norm (timm ``q_norm``/``k_norm``, seed 002) on each head's queries and keys.
+latent vectors, and as QK-norm (timm ``q_norm``/``k_norm``, a popular Chinese attention tutorial) on each head's queries and keys.
 It computes in fp32 (fp64 for fp64 input) and returns the input dtype, as ``torch.nn.RMSNorm`` does.
 
 Reference: Zhang & Sennrich 2019, "Root Mean Square Layer Normalization" (arXiv:1910.07467).

@@ -2,7 +2,7 @@
 
 Sinusoidal (Vaswani et al. 2017, §3.5):
     PE(p, 2i) = sin(p / base^(2i/d)),   PE(p, 2i+1) = cos(p / base^(2i/d))
-(seed 002's ``sinusoidal_embedding_1d`` puts all cosines first, then all sines — the same numbers in
+(a popular Chinese attention tutorial's ``sinusoidal_embedding_1d`` puts all cosines first, then all sines — the same numbers in
 another channel order; pass ``interleaved=False`` for that layout.)
 
 ALiBi (Press et al. 2022, "Train Short, Test Long", §3): no position embedding at all; head h adds
@@ -25,7 +25,7 @@ def sinusoidal_embedding(positions: torch.Tensor | int, dim: int, base: float = 
     """``(L, dim)`` sinusoidal encodings of ``positions`` (an int L means ``0..L-1``).
 
     ``interleaved=True``: channels (2i, 2i+1) = (sin, cos) of p·ω_i, ω_i = base^(−2i/dim) (the paper);
-    ``False``: all cosines then all sines (seed 002 / Wan's ``sinusoidal_embedding_1d``).
+    ``False``: all cosines then all sines (the tutorial / Wan's ``sinusoidal_embedding_1d``).
     """
     _validate.positive_int("dim", dim)
     if dim % 2:

@@ -8,12 +8,12 @@ original paper pairs neighbours 2i, 2i+1 — a fixed permutation of the same rot
 Each pair is rotated by the angle p·θ_i, so ⟨RoPE(q)_m, RoPE(k)_n⟩ depends on m − n only.
 
 ``interleaved=True`` pairs neighbours (2i, 2i+1) instead — the GPT-J / complex-number form
-(``torch.view_as_complex`` on ``x.view(..., d/2, 2)``, as in seed 002's ``precompute_freqs_cis``). Both
+(``torch.view_as_complex`` on ``x.view(..., d/2, 2)``, as in a popular Chinese attention tutorial's ``precompute_freqs_cis``). Both
 rotate pair i by p·θ_i; they differ only in which channels form pair i, i.e. by the fixed permutation
 ``perm = interleave_perm(d)``: ``apply_rope(x[..., perm], interleaved=True) == apply_rope(x)[..., perm]``.
 
 ``apply_rope_nd`` rotates consecutive channel slices by different coordinates (row / column for image
-patches; frame / row / column for video tokens, seed 002's ``precompute_freqs_cis_3d``).
+patches; frame / row / column for video tokens, the tutorial's ``precompute_freqs_cis_3d``).
 
 Reference: Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding" (arXiv:2104.09864).
 """

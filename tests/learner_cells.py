@@ -176,7 +176,7 @@ def gqa_attention(q, k, v, causal):
     if causal:
         s = s.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
     return (s.softmax(-1) @ v).view(B, H, L, d)
-''', "seed 000's grouping")])
+''', "blog post's grouping")])
 
 CELLS["03_kv_cache_bytes"] = ("cache_bytes", '''
 def cache_bytes(num_layers, num_heads, num_kv_heads, head_dim, seq_len, batch_size, bytes_per_element):

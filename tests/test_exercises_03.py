@@ -61,7 +61,7 @@ def bytes_ok(num_layers, num_heads, num_kv_heads, head_dim, seq_len, batch_size,
     (lambda num_layers, num_heads, num_kv_heads, head_dim, seq_len, batch_size, bytes_per_element:
      2 * num_kv_heads * head_dim * seq_len * batch_size * bytes_per_element, "num_layers"),
     (lambda num_layers, num_heads, num_kv_heads, head_dim, seq_len, batch_size, bytes_per_element:
-     2 * num_layers * num_kv_heads * num_heads * head_dim * seq_len * batch_size * bytes_per_element, "seed 003"),
+     2 * num_layers * num_kv_heads * num_heads * head_dim * seq_len * batch_size * bytes_per_element, "survey's mistake"),
     (lambda num_layers, num_heads, num_kv_heads, head_dim, seq_len, batch_size, bytes_per_element:
      2 * num_layers * num_kv_heads * head_dim * seq_len * batch_size, "bytes_per_element"),
 ])

@@ -34,7 +34,7 @@ def test_sinusoidal_reference_and_package_pass():
     assert_all_pass("11_sinusoidal", lambda p, d: sinusoidal_embedding(p, d))
 
 
-@pytest.mark.parametrize("mistake, hint", [(dict(swap=True), "sin goes in the even"), (dict(cat=True), "seed 002's layout"),
+@pytest.mark.parametrize("mistake, hint", [(dict(swap=True), "sin goes in the even"), (dict(cat=True), "tutorial's layout"),
                                            (dict(two=False), "not i/d")])
 def test_sinusoidal_mistakes_hinted(mistake, hint):
     assert_hint("11_sinusoidal", lambda p, d: sinusoidal(p, d, **mistake), hint)

@@ -77,7 +77,7 @@ def test_misconception_misses_full_marks_with_its_hint(ex_id, n, capsys):
 
 @pytest.mark.parametrize("ex_id, n, hint", [
     ("03_expand_kv", 0, ".repeat tiles the stack"),                 # no case with H_kv = 1 or G = 1
-    ("03_gqa_attention", 0, "seed 000's grouping"),                 # broadcast errors are named too
+    ("03_gqa_attention", 0, "blog post's grouping"),                 # broadcast errors are named too
     ("04_split_cross_attention", 0, "257"),                         # no case has 257 image tokens
     ("08_causal_tiles", 0, "T(T+1)/2"),                             # no case with block_q = block_k
     ("01_causal_padding_mask", 0, "off by one"),

@@ -51,7 +51,7 @@ def _attend(q, k, v, mask=None, *, scale="sqrt", dim=-1, polarity=True, how="fil
         visible = visible.expand(scores.shape)
         if how == "fill":
             scores = scores.masked_fill(~visible, float("-inf"))
-        elif how == "multiply":                                      # seed 003: "scores ⊙ M"
+        elif how == "multiply":                                      # a Chinese attention survey: "scores ⊙ M"
             scores = scores * visible
     w = torch.softmax(scores, dim=dim)
     if not nan_rows:

@@ -66,7 +66,7 @@ def _expand_judge(got, want, case):
 
 def _gqa_cases(gen):
     out = []
-    # H_kv >= 2 and G >= 2 everywhere (repeat != repeat_interleave); seed 000's grouping raises for B=3, G=4
+    # H_kv >= 2 and G >= 2 everywhere (repeat != repeat_interleave); a widely shared Chinese attention blog post's grouping raises for B=3, G=4
     # and B=3, G=2, mixes samples for B = G = 2, and equals .repeat for B = 1
     for B, H, Hkv, L, d, causal in [(3, 8, 2, 5, 4, False), (3, 4, 2, 6, 8, True), (1, 6, 3, 4, 4, True), (2, 4, 2, 5, 4, False)]:
         out.append(Case(f"B={B}, H={H}, H_kv={Hkv}, L={L}, d_h={d}, causal={causal}",
@@ -85,7 +85,7 @@ def _gqa_expected(case):
     return {"out": _gqa(i["q"], i["k"], i["v"], case.params["causal"]).to(i["q"].dtype)}
 
 
-_SEED_GROUPING = ("seed 000's grouping: q viewed as (B, G, H_kv, L, d) and multiplied with k (B, H_kv, L, d) — "
+_SEED_GROUPING = ("a widely shared Chinese attention blog post's grouping: q viewed as (B, G, H_kv, L, d) and multiplied with k (B, H_kv, L, d) — "
                   "matmul "
                   "broadcasts the leading axes from the right, so k's BATCH axis lines up with q's group axis "
                   "(it only runs when B is 1 or G, and then samples read each other's keys). Keep the batch "
@@ -93,7 +93,7 @@ _SEED_GROUPING = ("seed 000's grouping: q viewed as (B, G, H_kv, L, d) and multi
 
 
 def _seed_grouping(q, k, v, causal):
-    """Seed 000's GroupedAttention applied to (q, k, v); None where its shapes do not broadcast."""
+    """The blog post's GroupedAttention applied to (q, k, v); None where its shapes do not broadcast."""
     B, H, L, d = q.shape
     Hkv = k.shape[1]
     G = H // Hkv
@@ -119,7 +119,7 @@ def _gqa_judge(got, want, case):
     if close(got["out"], want["out"]):
         return Verdict(True)
     i, c = case.inputs, case.params["causal"]
-    cands = [(_REPEAT_HINT + " (seed 000's grouping does the same when B = 1.)" if i["q"].shape[0] == 1
+    cands = [(_REPEAT_HINT + " (the blog post's grouping does the same when B = 1.)" if i["q"].shape[0] == 1
               else _REPEAT_HINT, _gqa(i["q"], i["k"], i["v"], c, how="repeat")),
              (_SEED_GROUPING, _seed_grouping(i["q"], i["k"], i["v"], c)),
              ("the scores are not scaled: divide by √d_h.", _gqa(i["q"], i["k"], i["v"], c, scale=False))]
@@ -182,7 +182,7 @@ def _bytes_mistakes(p) -> list[tuple[str, int]]:
         ("you sized the cache with num_heads; only the num_kv_heads key/value heads are cached.", _bytes_formula(p, kv=p["num_heads"])),
         ("K and V are both cached: multiply by 2.", _bytes_formula(p, factor=1)),
         ("every layer has its own cache: multiply by num_layers.", _bytes_formula(p, layers=False)),
-        ("each kv head has width head_dim, not d_model = num_heads·head_dim (seed 003's mistake).",
+        ("each kv head has width head_dim, not d_model = num_heads·head_dim (a Chinese attention survey's mistake).",
          _bytes_formula(p, width=p["num_heads"] * p["head_dim"])),
         ("that is the number of elements; multiply by bytes_per_element.", _bytes_formula(p) // p["bytes_per_element"]),
         ("every sequence of the batch has its own cache: multiply by batch_size.",

@@ -3,7 +3,7 @@
 References are computed here in float64 from the formula, independently of the learner and of
 ``attn_course``. Hints are detected: each judge computes what the common mistakes would give on the
 same inputs (queries taken from the context, inverted mask polarity, √d_model instead of √d_h, one
-joint softmax instead of seed 002's two, a hard-coded 257, ...) and names the one that matches.
+joint softmax instead of a popular Chinese attention tutorial's two, a hard-coded 257, ...) and names the one that matches.
 """
 from __future__ import annotations
 
@@ -245,10 +245,10 @@ def _split_judge(got, want, case):
         ("you split at 257 whatever num_image_tokens is: use the argument, the layout is not always CLIP's.",
          _split_ref(i["q"], i["k"], i["v"], 257) if 0 < 257 < L and n != 257 else None),
         ("you ran one softmax over all image + text tokens (or split at a hard-coded 257, which on a context "
-         "shorter than 257 tokens is the same thing): seed 002 runs two attentions (image = the first "
+         "shorter than 257 tokens is the same thing): the tutorial runs two attentions (image = the first "
          "num_image_tokens, text = the rest), each with its own softmax, and adds their outputs."
          if L <= 257 else
-         "you ran one softmax over all image + text tokens: seed 002 runs two attentions (image, text), each "
+         "you ran one softmax over all image + text tokens: the tutorial runs two attentions (image, text), each "
          "with its own softmax, and adds their outputs.", _split_ref(i["q"], i["k"], i["v"], n, joint=True)),
         ("the image tokens come first in the context: image = [:num_image_tokens], text = the rest.",
          _split_ref(i["q"], i["k"], i["v"], n, text_first=True) if 2 * n != L else None),
@@ -268,7 +268,7 @@ EXERCISES = [
     Exercise("04_predict_shapes", 1, "Predict the cross-attention shapes",
              "a function cross_shapes(B, Lq, Lk, d_model, context_dim, num_heads) -> (out_shape, weights_shape)",
              _shape_cases, _shape_answer, _shape_expected, _shape_judge),
-    Exercise("04_split_cross_attention", 3, "Seed 002's image + text split cross-attention",
+    Exercise("04_split_cross_attention", 3, "The tutorial's image + text split cross-attention",
              "a function split_cross_attention(q, k, v, num_image_tokens) -> (B, H, Lq, Ev)",
              _split_cases, _split_answer, _split_expected, _split_judge, forbidden=FORBID_SDPA + FORBID_COURSE),
 ]

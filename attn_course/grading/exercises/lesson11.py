@@ -58,7 +58,7 @@ def _sin_judge(got, want, case):
     return diagnose(got["pe"], [
         ("sin goes in the even channels and cos in the odd ones: PE(p, 2i) = sin(p·ω_i), PE(p, 2i+1) = cos(p·ω_i).",
          _sin(p, d, swap=True)),
-        ("that is seed 002's layout (all cosines, then all sines); the paper interleaves sin and cos channel by channel.",
+        ("that is a popular Chinese attention tutorial's layout (all cosines, then all sines); the paper interleaves sin and cos channel by channel.",
          _sin(p, d, layout="cat")),
         ("the frequencies are ω_i = 10000^(−2i/d) for i < d/2: the exponent is 2i/d, not i/d.", _sin(p, d, two=False)),
     ], f"wrong values (largest difference {_max_diff(got['pe'], want['pe'])}); PE(p, 2i) = sin(p·10000^(−2i/d)).")
