@@ -280,7 +280,7 @@ class GroupedQueryAttention(nn.Module):
         if need_weights:   # explicit path: Eq. (1) of Vaswani et al. per head, kv head i // G for query head i
             y, weights = attention(q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=is_causal,
                                    enable_gqa=True)
-        else:              # fused kernel; SDPA's enable_gqa groups K/V (copying them except on CUDA's FLASH backend)
+        else:              # fused kernel; SDPA's enable_gqa groups K/V (whether it copies them depends on the backend: the CPU kernel takes the H_kv heads as they are; lesson 03 measures it)
             _check(q, k, v, attn_mask, is_causal, enable_gqa=True)    # ValueErrors that name the sizes
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p,
                                                is_causal=is_causal, enable_gqa=True)
