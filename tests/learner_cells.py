@@ -444,7 +444,7 @@ def fixed_attention(Q, K, V):
     s = Q @ K.transpose(2, 3) / math.sqrt(Q.shape[-1])
     s = s.masked_fill(torch.ones(H, H, dtype=torch.bool).triu(1), float("-inf"))
     return s.softmax(-1) @ V
-''', "a causal mask on the seed's scores")])
+''', "a causal mask on the blog post's scores")])
 
 # ---- lesson 08 -------------------------------------------------------------------------------------------
 
