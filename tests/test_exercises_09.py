@@ -159,3 +159,9 @@ def test_window_density_judge_never_crashes_on_a_wrong_answer():
             assert not any("could not compare" in m or "TypeError" in m for m in msgs), msgs
     cases = exercise_kit.get("09_window_density").cases(torch.Generator().manual_seed(0))
     assert any(c.params["window"] > c.params["L"] for c in cases)          # the case that used to crash
+
+
+def test_window_density_accepts_float32_arithmetic():
+    """An int/int division done in float32 is ~4e-8 off the exact fraction: the prompt promises 6 significant digits."""
+    f32 = lambda L, window: torch.tensor(sum(min(i + 1, window) for i in range(L)), dtype=torch.float32) / (L * L)
+    assert_all_pass("09_window_density", f32)

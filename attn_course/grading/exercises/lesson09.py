@@ -99,7 +99,7 @@ def _density_expected(case):
 
 
 def _density_judge(got, want, case):
-    if close(got["density"], want["density"], atol=1e-9, rtol=1e-9):
+    if close(got["density"], want["density"], atol=1e-12, rtol=1e-6):
         return Verdict(True)
     L, W = case.params["L"], case.params["window"]
     t = lambda x: torch.tensor(float(x), dtype=_F64)
@@ -111,7 +111,7 @@ def _density_judge(got, want, case):
         ("density is a fraction of all L² pairs, between 0 and 1 — divide the count of visible pairs by L·L.",
          t(_pairs_count(L, W))),
     ], "count the visible (i, j) pairs — row i sees min(i + 1, W) keys — and divide by L².",
-        same=lambda a, b: b is not None and bool(torch.isclose(a, b, rtol=1e-9, atol=1e-12)))
+        same=lambda a, b: b is not None and bool(torch.isclose(a, b, rtol=1e-6, atol=1e-12)))
 
 
 # ---- 09_mask_mod --------------------------------------------------------------------------------------
