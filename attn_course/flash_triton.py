@@ -18,7 +18,11 @@ Launch parameters (block sizes, warps, pipeline stages) come from one place, :fu
 and reports registers, spills and shared memory against each GPU's limit.
 
 GPU measurement: ``python -m attn_course.flash_triton --bench`` prints TFLOP/s of this kernel and of
-SDPA pinned to its FLASH backend (``sdpa_kernel``) at L = 4096, d = 64/128, fp16/bf16.
+SDPA pinned to its FLASH backend (``sdpa_kernel``) at L = 4096, d = 64/128, fp16/bf16, forward and
+forward+backward, in the launch configuration (64 × 64 blocks, compiled without spills for sm_80/89/90).
+
+Without Triton (CPU-only torch, macOS, Windows) this module still imports: :func:`kernel_config`,
+:data:`KERNELS` and :func:`interpreted` work, and launching a kernel raises ModuleNotFoundError saying so.
 """
 from __future__ import annotations
 
@@ -27,8 +31,23 @@ import os
 
 import torch
 
-import triton
-import triton.language as tl
+try:                         # Triton comes with torch's Linux CUDA build; CPU-only torch, macOS, Windows lack it
+    import triton
+    import triton.language as tl
+except ModuleNotFoundError:  # kernel_config, KERNELS and interpreted() still work; launching says what is missing
+    triton = tl = None
+
+
+def _jit(fn):
+    """``triton.jit`` when Triton is installed; otherwise the plain function (never launched: see _need_triton)."""
+    return triton.jit(fn) if triton is not None else fn
+
+
+def _need_triton() -> None:
+    if triton is None:
+        raise ModuleNotFoundError("attn_course.flash_triton's kernels need Triton (it comes with torch's Linux CUDA "
+                                  "build; `pip install triton` on Linux); attn_course.flash_attention computes the "
+                                  "same attention in PyTorch on any device", name="triton")
 
 from .flash import LOG2E, _check
 
@@ -60,7 +79,7 @@ def kernel_config(kernel: str, head_dim: int, dtype: torch.dtype, *, block_q: in
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    BLOCK_D = max(16, triton.next_power_of_2(head_dim))
+    BLOCK_D = max(16, 1 << (head_dim - 1).bit_length())     # triton.next_power_of_2
     num_warps, num_stages = 4, 3
     if kernel == "backward_dkdv":
         num_warps = 8
@@ -79,7 +98,7 @@ def _capability(t: torch.Tensor) -> int | None:
     return 10 * major + minor
 
 
-@triton.jit
+@_jit
 def _flash_fwd_kernel(Q, K, V, O, LSE, Lq, Lk, D, qk_scale,
                       s_qz, s_qm, s_kz, s_kn, s_vz, s_vn, s_oz, s_om,
                       IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -122,7 +141,7 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, Lq, Lk, D, qk_scale,
     tl.store(LSE + z * Lq + offs_m, lse, mask=offs_m < Lq)
 
 
-@triton.jit
+@_jit
 def _flash_bwd_dkdv_kernel(Q, K, V, dO, LSE, Dd, dK, dV, Lq, Lk, D, qk_scale, sm_scale,
                            s_qz, s_qm, s_kz, s_kn, s_vz, s_vn, s_oz, s_om,
                            IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -160,7 +179,7 @@ def _flash_bwd_dkdv_kernel(Q, K, V, dO, LSE, Dd, dK, dV, Lq, Lk, D, qk_scale, sm
     tl.store(dV + z * s_vz + offs_n[:, None] * s_vn + offs_d[None, :], dv.to(dV.dtype.element_ty), mask=kv_mask)
 
 
-@triton.jit
+@_jit
 def _flash_bwd_dq_kernel(Q, K, V, dO, LSE, Dd, dQ, Lq, Lk, D, qk_scale, sm_scale,
                          s_qz, s_qm, s_kz, s_kn, s_vz, s_vn, s_oz, s_om,
                          IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -198,6 +217,7 @@ def _flash_bwd_dq_kernel(Q, K, V, dO, LSE, Dd, dQ, Lq, Lk, D, qk_scale, sm_scale
 
 def _launch(q, k, v, is_causal, scale, block_q, block_k):
     """(…, L, E) tensors -> (O in q's dtype, logsumexp fp32), both flattened to (Z, L, ·)."""
+    _need_triton()
     if q.device.type != "cuda" and not interpreted():
         raise ValueError(f"flash_attention_triton needs CUDA tensors (got q on {q.device}); on a CPU set "
                          f"TRITON_INTERPRET=1 before importing triton, or use attn_course.flash_attention")
@@ -276,10 +296,20 @@ def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     return _TritonFlash.apply(q, k, v, bool(is_causal), scale, block_q, block_k)
 
 
+BENCH_REPS = 20     # at least this many timed repetitions per measurement (do_bench's rep is a time budget in ms)
+
+
 def _bench(argv=None) -> int:
-    """TFLOP/s of this kernel vs SDPA's FLASH backend (CUDA only): L=4096, d=64/128, fp16/bf16."""
+    """TFLOP/s of this kernel vs SDPA's FLASH backend (CUDA only): L=4096, d=64/128, fp16/bf16, forward and
+    forward+backward.
+
+    The default configuration is the launch configuration — 64 × 64 blocks and :func:`kernel_config`'s warps
+    and stages — the one :mod:`attn_course.triton_aot` compiled for sm_80/89/90 without a register spill
+    (``attn_course/data/triton_aot.json``); 128 × 64 query × key blocks spill at d = 128 on sm_80 and sm_89.
+    Each time is the median of ``triton.testing.do_bench`` (CUDA events, warm-up first, ≥ 20 repetitions).
+    FLOPs: 4·B·H·L²·d for the forward (two matmuls), 2.5× that for the backward (five matmuls), halved when causal.
+    """
     import argparse
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     p = argparse.ArgumentParser(prog="python -m attn_course.flash_triton --bench")
     p.add_argument("--bench", action="store_true")
     p.add_argument("--batch", type=int, default=4)
@@ -288,26 +318,54 @@ def _bench(argv=None) -> int:
     p.add_argument("--block-q", type=int, default=64,
                    help="query block (default 64: the launch configuration, compiled without spills for sm_80/89/90)")
     p.add_argument("--block-k", type=int, default=64, help="key block (default 64)")
+    p.add_argument("--pass", dest="passes", choices=("fwd", "fwd+bwd", "both"), default="both",
+                   help="time the forward, forward+backward, or both (default)")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("no CUDA device: the TFLOP/s comparison needs a GPU")
+    if triton is None:
+        print("Triton is not installed: the benchmark times the Triton kernels on a CUDA GPU "
+              "(torch's Linux CUDA build brings Triton)")
         return 1
+    if not torch.cuda.is_available():
+        print("no CUDA device: the TFLOP/s comparison needs a CUDA GPU (on a CPU, lesson 08 runs the PyTorch "
+              "flash_attention and its recorded tables)")
+        return 1
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
+    def median_ms(fn):
+        est = do_bench(fn, warmup=5, rep=5, return_mode="median")
+        return do_bench(fn, warmup=25, rep=max(100.0, 1.5 * BENCH_REPS * est), return_mode="median")
+
     B, H, L = args.batch, args.heads, args.length
-    print(f"{torch.cuda.get_device_name()}  B={B} H={H} L={L}, forward, median of triton.testing.do_bench\n")
-    print("| dtype | d | causal | triton TFLOP/s | SDPA flash TFLOP/s | triton / SDPA |")
-    print("|---|---|---|---|---|---|")
-    for dtype in (torch.float16, torch.bfloat16):
-        for D in (64, 128):
-            for causal in (False, True):
-                q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=dtype) for _ in range(3))
-                flops = 4 * B * H * L * L * D * (0.5 if causal else 1.0)
-                t_tri = triton.testing.do_bench(lambda: flash_attention_triton_forward(
-                    q, k, v, is_causal=causal, block_q=args.block_q, block_k=args.block_k))
-                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                    t_sdpa = triton.testing.do_bench(
-                        lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal))
-                a, b = flops / t_tri / 1e9, flops / t_sdpa / 1e9      # do_bench returns milliseconds
-                print(f"| {str(dtype)[6:]} | {D} | {'yes' if causal else 'no'} | {a:.0f} | {b:.0f} | {a / b:.2f} |")
+    passes = ("fwd", "fwd+bwd") if args.passes == "both" else (args.passes,)
+    print(f"{torch.cuda.get_device_name()}  B={B} H={H} L={L}, blocks {args.block_q}x{args.block_k}, "
+          f"median of triton.testing.do_bench (CUDA events, >= {BENCH_REPS} reps)\n")
+    print("| pass | dtype | d | causal | triton TFLOP/s | SDPA flash TFLOP/s | triton / SDPA |")
+    print("|---|---|---|---|---|---|---|")
+    for which in passes:
+        for dtype in (torch.float16, torch.bfloat16):
+            for D in (64, 128):
+                for causal in (False, True):
+                    grad = which == "fwd+bwd"
+                    q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=dtype, requires_grad=grad)
+                               for _ in range(3))
+                    flops = 4 * B * H * L * L * D * (0.5 if causal else 1.0) * (3.5 if grad else 1.0)
+                    if grad:
+                        dout = torch.randn_like(q)
+                        tri = lambda: flash_attention_triton(q, k, v, is_causal=causal, block_q=args.block_q,
+                                                             block_k=args.block_k).backward(dout)
+                        ref = lambda: torch.nn.functional.scaled_dot_product_attention(
+                            q, k, v, is_causal=causal).backward(dout)
+                    else:
+                        tri = lambda: flash_attention_triton_forward(q, k, v, is_causal=causal,
+                                                                     block_q=args.block_q, block_k=args.block_k)
+                        ref = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    t_tri = median_ms(tri)
+                    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                        t_sdpa = median_ms(ref)
+                    a, b = flops / t_tri / 1e9, flops / t_sdpa / 1e9      # do_bench returns milliseconds
+                    print(f"| {which} | {str(dtype)[6:]} | {D} | {'yes' if causal else 'no'} | {a:.0f} | {b:.0f} | "
+                          f"{a / b:.2f} |", flush=True)
     return 0
 
 

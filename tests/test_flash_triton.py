@@ -89,4 +89,4 @@ def test_gpu_benchmark_says_it_needs_cuda(monkeypatch, capsys):
     from attn_course import flash_triton
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert flash_triton._bench(["--bench"]) == 1
-    assert "needs a GPU" in capsys.readouterr().out
+    assert "needs a CUDA GPU" in capsys.readouterr().out
