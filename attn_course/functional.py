@@ -23,7 +23,10 @@ def masked_softmax(scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
     A plain ``softmax`` of an all −∞ row computes exp(−∞ − (−∞)) = NaN. We subtract the row maximum
     only where it is finite, so a fully masked row becomes 0/0, which we turn into 0 by dividing by 1.
+    Rows of length 0 (no keys at all, Lk = 0) give an empty result, as SDPA does (its output is then 0).
     """
+    if scores.shape[dim] == 0:                     # nothing to normalise (amax would raise IndexError)
+        return scores.softmax(dim=dim)
     m = scores.amax(dim=dim, keepdim=True).detach()
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     e = torch.exp(scores - m)                      # masked entries: exp(−∞) = 0

@@ -296,7 +296,10 @@ class GroupedQueryAttention(nn.Module):
         if attn_mask is not None:
             raise ValueError(f"window={W} builds the mask itself; pass attn_mask=None")
         if cache is None:                                             # (L, L) band, SDPA bool polarity
-            return k, v, sliding_window_mask(k.shape[-2], W, causal=is_causal, device=k.device), False
+            L = k.shape[-2]                                           # L = 0: an empty (0, 0) mask, as SDPA takes
+            band = (sliding_window_mask(L, W, causal=is_causal, device=k.device) if L
+                    else torch.ones(0, 0, dtype=torch.bool, device=k.device))
+            return k, v, band, False
         if not isinstance(cache, RollingKVCache) or cache.window != W:
             raise ValueError(f"a module with window={W} decodes with RollingKVCache({W}), got "
                              f"{type(cache).__name__}{'' if not isinstance(cache, RollingKVCache) else f'({cache.window})'}")

@@ -252,3 +252,18 @@ def test_translation_explorer_logic():
     box = ex.widget()
     box.controls["text"].value = "9 0 5"                         # redraws without raising
     box.controls["text"].value = "9"                             # a bad input is shown, not raised
+
+
+@pytest.mark.parametrize("Lq,Lk", [(0, 5), (4, 0), (0, 0)])
+def test_empty_query_or_context_behaves_like_sdpa(Lq, Lk):
+    """No queries: an empty output. No context tokens: each query's attention output is 0 (SDPA's answer),
+    so the layer returns out_proj's bias; the explicit path equals the fused one, weights (B, H, Lq, 0)."""
+    torch.manual_seed(0)
+    m = CrossAttention(16, 4, context_dim=12).double().eval()
+    x, c = torch.randn(2, Lq, 16, dtype=torch.float64), torch.randn(2, Lk, 12, dtype=torch.float64)
+    out, w = m(x, c, need_weights=True)
+    fast, _ = m(x, c)
+    assert out.shape == (2, Lq, 16) and w.shape == (2, 4, Lq, Lk)
+    torch.testing.assert_close(out, fast)
+    if Lq and not Lk:
+        torch.testing.assert_close(out, m.out_proj.bias.expand_as(out))

@@ -277,3 +277,33 @@ def test_weights_are_the_textbook_formula():
     want = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8) + m, dim=-1)
     torch.testing.assert_close(w, want)
     torch.testing.assert_close(out, want @ v)
+
+
+EMPTY = [(0, 5), (4, 0), (0, 0)]   # (Lq, Lk): no queries, no keys, neither
+
+
+@pytest.mark.parametrize("lq, lk", EMPTY)
+@pytest.mark.parametrize("kw", [{}, {"is_causal": True}, {"attn_mask": "bool"}, {"attn_mask": "float"}],
+                         ids=["no-mask", "causal", "bool-mask", "float-mask"])
+def test_empty_sequences_behave_like_sdpa(lq, lk, kw):
+    """L = 0 or Lk = 0: SDPA returns an empty output, or a zero one when there are no keys; attention() must
+    do the same (it used to raise IndexError in the softmax's row maximum), with weights (..., Lq, 0)."""
+    q, k, v = _qkv((2,), 3, 3, lq, lk, 8, 5)
+    if kw.get("attn_mask") == "bool":
+        kw = {"attn_mask": torch.ones(lq, lk, dtype=torch.bool)}
+    elif kw.get("attn_mask") == "float":
+        kw = {"attn_mask": torch.zeros(lq, lk, dtype=torch.float64)}
+    out, w = _assert_parity(q, k, v, **kw)          # outputs and gradients, against SDPA
+    assert out.shape == (2, 3, lq, 5) and w.shape == (2, 3, lq, lk)
+    if lq and not lk:
+        assert torch.equal(out, torch.zeros_like(out))
+
+
+def test_empty_keys_with_gqa_and_low_precision():
+    q = torch.randn(1, 4, 3, 8, dtype=torch.bfloat16)
+    k = v = torch.randn(1, 2, 0, 8, dtype=torch.bfloat16)
+    out, w = attention(q, k, v, enable_gqa=True)
+    ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    assert out.dtype == w.dtype == torch.bfloat16 and w.shape == (1, 4, 3, 0)
+    torch.testing.assert_close(out, ref)
+    assert masked_softmax(torch.randn(2, 3, 0)).shape == (2, 3, 0)

@@ -8,7 +8,7 @@ from torch.testing import assert_close
 from attn_course import GroupedQueryAttention, MultiHeadAttention, kv_cache_bytes
 from attn_course.gqa import KVCache, StaticKVCache
 
-# (batch, num_heads, num_kv_heads): batch differs from the number of groups (seed 000's bug needs B == groups)
+# (batch, num_heads, num_kv_heads): batch differs from the number of groups (the blog post's grouping bug of lesson 03 needs B == groups)
 CONFIGS = [(3, 8, 2), (1, 4, 4), (2, 4, 1), (5, 6, 3), (4, 4, 2)]
 
 
@@ -282,3 +282,21 @@ def test_static_cache_crop_then_decode_equals_decoding_the_kept_prefix():
     c.crop(3)
     out, _ = g(x[:, 3:], cache=c, is_causal=True)
     assert_close(out, g(x, is_causal=True)[0][:, 3:], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_empty_input_behaves_like_sdpa_with_and_without_cache(need_weights):
+    """x of length 0: an empty output (and weights (B, H, 0, L_k)), with no cache and after a prefill."""
+    torch.manual_seed(0)
+    m = GroupedQueryAttention(16, 4, 2).double().eval()
+    empty = torch.zeros(2, 0, 16, dtype=torch.float64)
+    out, w = m(empty, is_causal=True, need_weights=need_weights)
+    assert out.shape == (2, 0, 16) and (w is None) == (not need_weights)
+    if need_weights:
+        assert w.shape == (2, 4, 0, 0)
+    cache = KVCache()
+    m(torch.randn(2, 3, 16, dtype=torch.float64), cache=cache, is_causal=True)
+    out, w = m(empty, cache=cache, is_causal=True, need_weights=need_weights)
+    assert out.shape == (2, 0, 16) and len(cache) == 3
+    if need_weights:
+        assert w.shape == (2, 4, 0, 3)

@@ -104,3 +104,14 @@ def test_window_without_window_is_unchanged_and_bad_inputs():
     w2(x, is_causal=True, cache=c)
     with pytest.raises(ValueError, match="batch size"):
         w2(torch.randn(2, 1, 16), is_causal=True, cache=c)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_window_with_empty_input_gives_an_empty_output(need_weights):
+    m = GroupedQueryAttention(16, 4, 2, window=3).eval()
+    out, w = m(torch.zeros(2, 0, 16), is_causal=True, need_weights=need_weights)
+    assert out.shape == (2, 0, 16) and (w is None or w.shape == (2, 4, 0, 0))
+    cache = RollingKVCache(3)
+    m(torch.randn(2, 5, 16), cache=cache, is_causal=True)
+    out, w = m(torch.zeros(2, 0, 16), cache=cache, is_causal=True, need_weights=need_weights)
+    assert out.shape == (2, 0, 16) and len(cache) == 3 and (w is None or w.shape == (2, 4, 0, 3))

@@ -206,3 +206,20 @@ def test_head_explorer_logic_and_widget():
         e.compute(head=2)
     with pytest.raises(ValueError, match=r"got 2 query and 2 key labels for weights of shape \(H=2, Lq=3, Lk=3\)"):
         HeadExplorer(w, ["a", "b"])
+
+
+@pytest.mark.parametrize("Lq, Lk", [(0, 0), (0, 3), (3, 0)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_empty_sequences_need_weights_path_equals_fused_and_nn_mha(Lq, Lk, is_causal):
+    """L = 0 (or a key/value of length 0): the explicit path returns what the fused (SDPA) path returns,
+    weights of shape (B, H, Lq, Lk), and nn.MultiheadAttention agrees (it used to raise IndexError)."""
+    if is_causal and Lq != Lk:
+        pytest.skip("causal self-attention: one length")
+    ours, ref = _pair()
+    x, kv = torch.randn(2, Lq, 16, dtype=torch.float64), torch.randn(2, Lk, 16, dtype=torch.float64)
+    out, w = ours(x, kv, kv, is_causal=is_causal, need_weights=True)
+    fast, none = ours(x, kv, kv, is_causal=is_causal)
+    assert none is None and out.shape == (2, Lq, 16) and w.shape == (2, 4, Lq, Lk)
+    assert_close(out, fast)
+    if Lq:                                   # nn.MHA's own fast path refuses empty batches of queries
+        assert_close(out, ref(x, kv, kv, need_weights=False)[0])
