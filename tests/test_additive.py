@@ -114,3 +114,15 @@ def test_errors_name_the_sizes():
         m(q[0], k, v)
     with pytest.raises(ValueError, match="hidden_dim"):
         AdditiveAttention(4, 4, 0)
+
+
+@pytest.mark.parametrize("Lq,Lk,d,h,dv", [(16, 16, 8, 8, 8), (5, 9, 3, 7, 4)])
+def test_matmul_flops_match_the_lessons_row(Lq, Lk, d, h, dv):
+    """FlopCounterMode counts the matmuls: projections 2·Lq·d·h + 2·Lk·d·h, w_v 2·Lq·Lk·h, PV 2·Lq·Lk·dv — lesson 10's
+    additive row (4LEh + 2L²h + 2L²E_v for Lq = Lk = L; the L²h pair sums and L²h tanh are not matmuls)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    add = AdditiveAttention(d, d, h)
+    q, k, v = torch.randn(1, Lq, d), torch.randn(1, Lk, d), torch.randn(1, Lk, dv)
+    with FlopCounterMode(display=False) as fc, torch.no_grad():
+        add(q, k, v)
+    assert fc.get_total_flops() == 2 * (Lq + Lk) * d * h + 2 * Lq * Lk * h + 2 * Lq * Lk * dv

@@ -50,6 +50,12 @@ def test_explorer_views_and_costs():
     assert largest_intermediate(KINDS[2], 100, 16) == 100 * 100 * 16
     with pytest.raises(ValueError, match="kind must be one of"):
         ex.weights("nope")
+    L, E = 256, 16                                                                   # additive: 4LEh + 4L²h + 2L²Ev
+    assert flops(KINDS[2], L, E) == 4 * L * E * E + 3 * L * L * E + L * L * E + 2 * L * L * E
     box = ex.widget()
+    m = box.controls["num_features"]
+    assert m.disabled                                  # the default scoring has no random features: m is greyed out
     box.controls["kind"].value = KINDS[4]
-    assert box.children[-1].outputs
+    assert box.children[-1].outputs and not m.disabled
+    box.controls["kind"].value = KINDS[3]
+    assert m.disabled

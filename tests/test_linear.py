@@ -198,6 +198,21 @@ def test_orthogonal_rows_are_gaussian():
     torch.testing.assert_close(om.T @ om / om.shape[0], torch.eye(d, dtype=F64), atol=0.05, rtol=0)
 
 
+@pytest.mark.parametrize("d", [4, 16])
+def test_orthogonal_rows_have_chi_distributed_norms(d):
+    """Rows are N(0, I) only if their norms are chi_d like an iid Gaussian vector's (Choromanski et al. 2021, §2.4):
+    ‖ω‖² has mean d and variance 2d, and each coordinate has the Gaussian fourth moment 3. Rows rescaled to a
+    fixed norm √d (a common shortcut) have variance 0 and fourth moment 3d/(d + 2)."""
+    om = random_features(30_000, d, generator=torch.Generator().manual_seed(5), dtype=F64)
+    sq = (om ** 2).sum(-1)
+    n = om.shape[0]
+    assert abs(sq.mean().item() - d) < 5 * math.sqrt(2 * d / n)
+    assert abs(sq.var().item() / (2 * d) - 1) < 0.06
+    assert abs((om ** 4).mean().item() - 3) < 0.1
+    # rows of one block are orthogonal, rows of different blocks are not
+    assert abs(om[0] @ om[1]).item() < 1e-9 and abs(om[0] @ om[d]).item() > 1e-6
+
+
 def test_performer_converges_to_softmax_attention():
     q, k, v = (torch.randn(2, 2, 40, 16, dtype=F64) * s for s in (0.5, 0.5, 1.0))
     exact = F.scaled_dot_product_attention(q, k, v)

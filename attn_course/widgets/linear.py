@@ -26,9 +26,10 @@ def flops(kind: str, L: int, E: int, Ev: int | None = None, *, hidden: int | Non
           num_features: int = 64) -> int:
     """FLOPs of one head's matmuls (a multiply-add = 2) at length L (self-attention, non-causal).
 
-    softmax kinds: QKᵀ 2L²E + PV 2L²Ev; additive: W_q q and W_k k 2·2·L·E·h, the pair sums and w_v 2L²h + L²h
-    (+ L²h tanh, counted as one each) and PV 2L²Ev; linear: S = φ(K)ᵀV 2LEEv, φ(Q)S 2LEEv, z LE, φ(Q)z 2LE;
-    Performer: the features 2·2·L·E·m, then linear attention with m features.
+    softmax kinds: QKᵀ 2L²E + PV 2L²Ev; additive: W_q q and W_k k 2·2·L·E·h, the pair sums L²h, w_v 2L²h, the
+    tanh L²h (counted as one each: 4L²h in all) and PV 2L²Ev — of which the matmuls are 4LEh + 2L²h + 2L²Ev;
+    linear: S = φ(K)ᵀV 2LEEv, φ(Q)S 2LEEv, z LE, φ(Q)z 2LE; Performer: the features 2·2·L·E·m, then linear
+    attention with m features.
     """
     Ev = E if Ev is None else Ev
     h = E if hidden is None else hidden
@@ -138,7 +139,12 @@ class ScoringExplorer:
 
         from . import interactive_figure
         controls = {"kind": W.Dropdown(options=list(KINDS), value=KINDS[0], description="scoring"),
-                    "num_features": W.IntSlider(value=64, min=4, max=4096, step=4, description="features m"),
+                    "num_features": W.IntSlider(value=64, min=4, max=4096, step=4,
+                                                description="Performer's features m", disabled=True),
                     "L_cost": W.Dropdown(options=[256, 1024, 4096, 16384], value=4096, description="cost at L")}
+
+        def follow_kind(change):             # m only means something for random features: grey it out otherwise
+            controls["num_features"].disabled = change["new"] != KINDS[4]
+        controls["kind"].observe(follow_kind, names="value")
         return interactive_figure(lambda **s: self.update(**s).figure, controls,
                                   title="Scoring function / feature map → map and cost")
