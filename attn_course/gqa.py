@@ -187,8 +187,10 @@ class GroupedQueryAttention(nn.Module):
         dropout: dropout on the attention weights while training.
         window: sliding window ``W`` (Mistral, Jiang et al. 2023) or ``None``. With ``is_causal=True`` query
             i sees keys ``i − W < j <= i`` (``masks.sliding_window_mask(L, W)``); with ``is_causal=False``
-            keys ``|i − j| < W``. Decoding then takes a :class:`RollingKVCache` ``(W)``, which keeps only the
-            last ``W`` positions. ``attn_mask`` cannot be combined with ``window``.
+            keys ``|i − j| < W``. Decoding then takes a :class:`RollingKVCache` ``(W)`` (fixed buffers, slot
+            ``p mod W``) or a plain :class:`KVCache`, which the module crops to the last ``W`` positions after
+            every call; either way the cache keeps only the last ``W`` positions (a :class:`StaticKVCache`
+            cannot roll and is refused). ``attn_mask`` cannot be combined with ``window``.
 
     Parameters: ``q_proj`` d_model → H·d_h, ``k_proj`` and ``v_proj`` d_model → H_kv·d_h,
     ``out_proj`` H·d_h → d_model. Query head i uses kv head ``i // (H // H_kv)``.
@@ -253,8 +255,9 @@ class GroupedQueryAttention(nn.Module):
             need_weights: also return the per-head weights ``(B, H, L, L_k)`` (explicit path).
             cache: a :class:`KVCache` or :class:`StaticKVCache`; this call's K/V are appended to it
                 before attending. A module with ``window`` takes a :class:`RollingKVCache` of the same
-                window instead (and ``is_causal=True``); the weights then cover the ``W`` buffer slots
-                followed by the new tokens.
+                window (the weights then cover the ``W`` buffer slots followed by the new tokens) or a
+                :class:`KVCache`, cropped to the last ``W`` positions after the call (the weights cover the
+                cached positions, oldest first, then the new tokens); both need ``is_causal=True``.
 
         Returns:
             ``(out (B, L, d_model), weights or None)``.
@@ -300,8 +303,17 @@ class GroupedQueryAttention(nn.Module):
             band = (sliding_window_mask(L, W, causal=is_causal, device=k.device) if L
                     else torch.ones(0, 0, dtype=torch.bool, device=k.device))
             return k, v, band, False
+        if type(cache) is KVCache:                                    # the growing cache, kept to the last W positions
+            if not is_causal:
+                raise ValueError("decoding with a cache needs is_causal=True (each token sees the past only)")
+            n, L = len(cache), k.shape[-2]                            # cached: the n positions just before the new ones
+            k, v = cache.update(k, v)                                 # (B, H_kv, n + L, d_h)
+            d_ij = (n + torch.arange(L, device=k.device))[:, None] - torch.arange(n + L, device=k.device)[None, :]
+            cache.k, cache.v = cache.k[..., -W:, :], cache.v[..., -W:, :]   # len(cache) <= W from now on
+            return k, v, (d_ij >= 0) & (d_ij < W), False              # (L, n + L) band, bottom-right aligned
         if not isinstance(cache, RollingKVCache) or cache.window != W:
-            raise ValueError(f"a module with window={W} decodes with RollingKVCache({W}), got "
+            raise ValueError(f"a module with window={W} decodes with RollingKVCache({W}) (or a KVCache, which it keeps "
+                             f"to the last {W} positions), got "
                              f"{type(cache).__name__}{'' if not isinstance(cache, RollingKVCache) else f'({cache.window})'}")
         if not is_causal:
             raise ValueError("decoding with a RollingKVCache needs is_causal=True (each token sees the past only)")

@@ -7,7 +7,7 @@ import torch
 from einops import rearrange
 
 from attn_course import GroupedQueryAttention, masks
-from attn_course.gqa import KVCache, RollingKVCache
+from attn_course.gqa import KVCache, RollingKVCache, StaticKVCache
 
 
 def _reference(m, x, W, causal):
@@ -90,7 +90,9 @@ def test_window_without_window_is_unchanged_and_bad_inputs():
         with pytest.raises(ValueError, match="window"):
             GroupedQueryAttention(16, 4, 2, window=bad)
     with pytest.raises(ValueError, match="RollingKVCache"):
-        w(x, is_causal=True, cache=KVCache())
+        w(x, is_causal=True, cache=StaticKVCache(1, 2, 16, 4))       # a preallocated cache cannot roll
+    with pytest.raises(ValueError, match="is_causal=True"):
+        w(x, cache=KVCache())
     with pytest.raises(ValueError, match="RollingKVCache"):
         w(x, is_causal=True, cache=RollingKVCache(5))
     with pytest.raises(ValueError, match="window=W"):
@@ -115,3 +117,28 @@ def test_window_with_empty_input_gives_an_empty_output(need_weights):
     m(torch.randn(2, 5, 16), cache=cache, is_causal=True)
     out, w = m(torch.zeros(2, 0, 16), cache=cache, is_causal=True, need_weights=need_weights)
     assert out.shape == (2, 0, 16) and len(cache) == 3 and (w is None or w.shape == (2, 4, 0, 3))
+
+
+@pytest.mark.parametrize("W, L, chunks", [(4, 23, [1] * 23), (5, 17, [3, 1, 7, 1, 1, 4]), (3, 12, [12]),
+                                          (6, 20, [2, 9, 1, 8])])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_plain_cache_with_a_window_keeps_the_last_W_positions_and_decodes_like_the_full_forward(W, L, chunks,
+                                                                                              need_weights):
+    """The contract: with window set, the cache keeps only the last W positions. A plain KVCache given to a
+    windowed module is cropped to them after every call, and decoding still equals the full windowed forward."""
+    torch.manual_seed(W)
+    m = GroupedQueryAttention(16, 4, 2, window=W).eval()
+    x = torch.randn(2, L, 16)
+    with torch.no_grad():
+        full, _ = m(x, is_causal=True)
+        cache, outs, t = KVCache(), [], 0
+        for n in chunks:
+            y, w = m(x[:, t:t + n], is_causal=True, cache=cache, need_weights=need_weights)
+            if need_weights:   # rows sum to 1 and every query sees at most W keys
+                assert torch.allclose(w.sum(-1), torch.ones(())) and int((w > 0).sum(-1).max()) <= W
+            outs.append(y)
+            t += n
+            assert len(cache) == min(t, W) and cache.nbytes() <= 2 * 2 * 2 * W * 4 * 4
+    torch.testing.assert_close(torch.cat(outs, 1), full, atol=1e-5, rtol=1e-5)
+    k_full = rearrange(m.k_proj(x), "b l (h d) -> b h l d", h=2)
+    torch.testing.assert_close(cache.k, k_full[:, :, -W:])            # exactly the last W positions, in order

@@ -68,7 +68,8 @@ class ToyTranslator(nn.Module):
 
 def train_translator(steps: int = 300, *, seed: int = 0, d_model: int = 64, num_heads: int = 1,
                      lr: float = 5e-3, progress: bool = True, device=None) -> tuple[ToyTranslator, list[float]]:
-    """Train a fresh :class:`ToyTranslator` (seconds on a CPU); returns ``(model, losses)``."""
+    """Train a fresh :class:`ToyTranslator` (seconds on a CPU); returns ``(model, losses)``, the model on
+    ``device`` (the CPU by default)."""
     torch.manual_seed(seed)
     model = ToyTranslator(d_model, num_heads).to(device or "cpu")
 
@@ -78,21 +79,22 @@ def train_translator(steps: int = 300, *, seed: int = 0, d_model: int = 64, num_
 
     losses = fit(model, sample, steps=steps, lr=lr, seed=seed, progress=progress, desc="toy translation",
                  forward=lambda m, xy: m(xy[0], xy[1])[0])
-    return model.cpu(), losses
+    return model, losses
 
 
 @torch.no_grad()
 def translate(model: ToyTranslator, src: torch.Tensor):
     """Greedy decoding, one word per real source digit. ``src (B, Ls)`` -> ``(words (B, Ls), weights
     (B, H, Ls, Ls))``; row i of the weights is the cross-attention that produced word i (rows past a
-    sentence's length are meaningless)."""
+    sentence's length are meaningless). Runs on the model's device; returns CPU tensors."""
     model.eval()
+    src = src.to(next(model.parameters()).device)
     tgt_in = torch.full_like(src, BOS)
     for i in range(src.shape[1]):
         logits, w = model(src, tgt_in, need_weights=True)
         if i + 1 < src.shape[1]:
             tgt_in[:, i + 1] = logits[:, i].argmax(-1)
-    return logits.argmax(-1), w
+    return logits.argmax(-1).cpu(), w.cpu()
 
 
 def exact_match(model: ToyTranslator, n: int = 1000, seed: int = 1) -> float:

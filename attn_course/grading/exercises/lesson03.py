@@ -85,14 +85,14 @@ def _gqa_expected(case):
     return {"out": _gqa(i["q"], i["k"], i["v"], case.params["causal"]).to(i["q"].dtype)}
 
 
-_SEED_GROUPING = ("a widely shared Chinese attention blog post's grouping: q viewed as (B, G, H_kv, L, d) and multiplied with k (B, H_kv, L, d) — "
+_BLOG_GROUPING = ("a widely shared Chinese attention blog post's grouping: q viewed as (B, G, H_kv, L, d) and multiplied with k (B, H_kv, L, d) — "
                   "matmul "
                   "broadcasts the leading axes from the right, so k's BATCH axis lines up with q's group axis "
                   "(it only runs when B is 1 or G, and then samples read each other's keys). Keep the batch "
                   "axis: expand k and v with repeat_interleave(G, dim=1), then attend per head.")
 
 
-def _seed_grouping(q, k, v, causal):
+def _blog_grouping(q, k, v, causal):
     """The blog post's GroupedAttention applied to (q, k, v); None where its shapes do not broadcast."""
     B, H, L, d = q.shape
     Hkv = k.shape[1]
@@ -111,7 +111,7 @@ def _gqa_error_hint(case, error):
     B, H = case.inputs["q"].shape[:2]
     G = H // case.inputs["k"].shape[1]
     if "must match the size of tensor" in error and B not in (1, G):
-        return _SEED_GROUPING
+        return _BLOG_GROUPING
     return None
 
 
@@ -121,7 +121,7 @@ def _gqa_judge(got, want, case):
     i, c = case.inputs, case.params["causal"]
     cands = [(_REPEAT_HINT + " (the blog post's grouping does the same when B = 1.)" if i["q"].shape[0] == 1
               else _REPEAT_HINT, _gqa(i["q"], i["k"], i["v"], c, how="repeat")),
-             (_SEED_GROUPING, _seed_grouping(i["q"], i["k"], i["v"], c)),
+             (_BLOG_GROUPING, _blog_grouping(i["q"], i["k"], i["v"], c)),
              ("the scores are not scaled: divide by √d_h.", _gqa(i["q"], i["k"], i["v"], c, scale=False))]
     if c:
         cands.append(("the causal mask is missing: query i may only attend keys j <= i.", _gqa(i["q"], i["k"], i["v"], False)))
