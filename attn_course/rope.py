@@ -52,7 +52,10 @@ def interleave_perm(d: int) -> torch.Tensor:
 
 
 def rope_angles(positions: torch.Tensor, dim: int, base: float = 10000.0, dtype=torch.float32) -> torch.Tensor:
-    """Angles ``p·θ_i`` for every position, repeated over both halves: ``positions.shape + (dim,)``."""
+    """Angles ``p·θ_i`` for every position, repeated over both halves: ``positions.shape + (dim,)``.
+
+    Recomputed (with their cos and sin) on every call, which keeps the code short; real implementations
+    cache the cos/sin tables per position, so part of what lesson 11's timing charges to RoPE is this."""
     theta = base ** (-torch.arange(0, dim, 2, device=positions.device, dtype=dtype) / dim)   # (d/2,)
     angles = positions.to(dtype)[..., None] * theta                                         # (..., L, d/2)
     return torch.cat((angles, angles), dim=-1)                                              # (..., L, d)

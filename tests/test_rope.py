@@ -93,7 +93,7 @@ from attn_course.rope import apply_rope_nd, interleave_perm  # noqa: E402
 
 
 def rope_reference_complex_interleaved(x, positions, base=10000.0):
-    """fp64 reference in seed 002's form: view (x_{2i}, x_{2i+1}) as one complex number, multiply by e^{ipθ_i}."""
+    """fp64 reference in the form of a popular Chinese attention tutorial: view (x_{2i}, x_{2i+1}) as one complex number, multiply by e^{ipθ_i}."""
     d = x.shape[-1]
     theta = base ** (-2.0 * torch.arange(d // 2, dtype=torch.float64) / d)
     z = torch.view_as_complex(x.double().reshape(*x.shape[:-1], d // 2, 2).contiguous())
