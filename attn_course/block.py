@@ -4,12 +4,19 @@ QK-norm and a sliding window), then a SwiGLU feed-forward network, each added to
     h = x + Attn(RMSNorm₁(x))                     (pre-norm: Xiong et al. 2020, Fig. 1(b))
     y = h + FFN(RMSNorm₂(h)),   FFN(u) = W₂ (SiLU(W₁ u) ⊙ W₃ u)      (SwiGLU: Shazeer 2020, Eq. 6)
 
-Inside Attn, per head: q, k = RoPE(norm_q(q)), RoPE(norm_k(k)) — QK-norm (timm's ``q_norm``/``k_norm``,
-a popular Chinese attention tutorial; Dehghani et al. 2023) is an RMSNorm over head_dim applied *before* the rotation, so it only
-rescales each head's query and key and RoPE's relative-position property is untouched.
+Inside Attn, per head: q, k = RoPE(norm_q(q)), RoPE(norm_k(k)) — QK-norm (introduced by Henry et al. 2020 as
+ℓ2-normalised q, k with a learned scale; LayerNorm-QK-norm at scale in Dehghani et al. 2023; timm's
+``q_norm``/``k_norm``, used by a popular Chinese attention tutorial) is here an RMSNorm over head_dim applied
+*before* the rotation, so it only rescales each head's query and key and RoPE's relative-position property is
+untouched.
+
+The block has no KV cache: :meth:`TransformerBlock.forward` recomputes every position (a decoder's
+``generate`` re-runs its context window); lessons 03 and 09 show the cache on ``GroupedQueryAttention``.
 
 References:
-- Xiong et al. 2020, "On Layer Normalization in the Transformer Architecture" (arXiv:2002.04745v2).
+- Xiong et al. 2020, "On Layer Normalization in the Transformer Architecture" (arXiv:2002.04745v2): the
+  analysis of pre-norm, which GPT-2 (Radford et al. 2019) and Baevski & Auli 2019 already used.
+- Henry, Dachapally, Pawar, Chen 2020, "Query-Key Normalization for Transformers" (arXiv:2010.04245).
 - Shazeer 2020, "GLU Variants Improve Transformer" (arXiv:2002.05202v1).
 - Touvron et al. 2023, "LLaMA" (arXiv:2302.13971v1): pre-norm RMSNorm + SwiGLU + RoPE.
 - Dehghani et al. 2023, "Scaling Vision Transformers to 22B Parameters" (arXiv:2302.05442v1), §3.1 QK-norm.

@@ -21,9 +21,12 @@ the content keys would put a position-dependent rotation between W^UK and c^KV a
 is why the positional part lives in the separate, shared k^R.
 
 Parameter names and channel layout follow the DeepSeek checkpoints (and Hugging Face's
-``DeepseekV3Attention``), so their attention weights load with ``load_state_dict`` (the released V2/V3
-models also use YaRN RoPE scaling, which this module does not implement: its rope frequencies, and a softmax
-scale multiplied by mscale² ≈ 1.59 for V2 — the weights load, the released model's numbers need both):
+``DeepseekV3Attention``), so their attention weights load with ``load_state_dict``. The released V2/V3
+models also use YaRN RoPE scaling: pass their config's ``rope_scaling`` dict (``factor``,
+``original_max_position_embeddings``, ``mscale``, ``mscale_all_dim``, optional ``beta_fast``/``beta_slow``) as
+``rope_scaling=``, which switches the rope channels to YaRN's frequencies and multiplies the softmax scale by
+mscale² (≈ 1.59 for V2's factor 40, mscale_all_dim 0.707), as HF does; without it the module computes Eq. (18)
+with plain RoPE, which is not the released model:
 ``q_proj`` (or ``q_a_proj``, ``q_a_layernorm``, ``q_b_proj``) output per head ``[nope | rope]``;
 ``kv_a_proj_with_mqa`` output ``[latent | k_rope]`` (= W^DKV and W^KR stacked); ``kv_a_layernorm``
 on the latent; ``kv_b_proj`` output per head ``[k_nope | v]`` (= W^UK and W^UV); ``o_proj`` = W^O.
@@ -50,7 +53,7 @@ from torch import nn
 from ._validate import last_dim, positive_int, tensor
 from .functional import _check, attention
 from .norm import RMSNorm
-from .rope import apply_rope
+from .rope import apply_rope, yarn_inv_freq, yarn_mscale
 
 __all__ = ["MultiHeadLatentAttention", "MLACache"]
 
@@ -100,6 +103,12 @@ class MultiHeadLatentAttention(nn.Module):
             (d_model → d'_c), ``q_a_layernorm`` (RMSNorm) and ``q_b_proj`` (d'_c → heads).
         rope_base: RoPE base. rope_interleaved: rotate neighbour pairs (2i, 2i+1) of the rope channels
             (DeepSeek's reference code; HF ``rope_interleave=True``) instead of (i, i + d^R/2).
+        rope_scaling: ``None`` (plain RoPE, scale 1/sqrt(d_nope + d_R)) or a released checkpoint's YaRN dict:
+            ``{"type" or "rope_type": "yarn", "factor", "original_max_position_embeddings", "mscale",
+            "mscale_all_dim", "beta_fast" (32), "beta_slow" (1)}`` — YaRN frequencies on the rope channels
+            (:func:`attn_course.rope.yarn_inv_freq`), the rotated channels times
+            ``yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)`` (1 for V2/V3), and the softmax
+            scale times ``yarn_mscale(factor, mscale_all_dim)²`` — the same as HF's ``DeepseekV3Attention``.
 
     Layers (all bias-free): ``q_proj: d_model → H·(d_nope + d_R)`` (or the q_a/q_b pair),
     ``kv_a_proj_with_mqa: d_model → d_c + d_R``, ``kv_a_layernorm: RMSNorm(d_c)``,
@@ -108,7 +117,7 @@ class MultiHeadLatentAttention(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, *, kv_lora_rank: int, qk_nope_head_dim: int,
                  qk_rope_head_dim: int, v_head_dim: int, q_lora_rank: int | None = None,
-                 rope_base: float = 10000.0, rope_interleaved: bool = False):
+                 rope_base: float = 10000.0, rope_interleaved: bool = False, rope_scaling: dict | None = None):
         super().__init__()
         for name, value in (("d_model", d_model), ("num_heads", num_heads), ("kv_lora_rank", kv_lora_rank),
                             ("qk_nope_head_dim", qk_nope_head_dim), ("qk_rope_head_dim", qk_rope_head_dim),
@@ -126,6 +135,11 @@ class MultiHeadLatentAttention(nn.Module):
         self.qk_head_dim = qk_nope_head_dim + qk_rope_head_dim
         self.rope_base, self.rope_interleaved = float(rope_base), bool(rope_interleaved)
         self.scale = 1.0 / math.sqrt(self.qk_head_dim)          # Eq. (18): sqrt(d_h + d^R_h), both parts
+        # YaRN (rope_scaling): fp64 frequencies kept as a plain attribute (not a buffer, so .half() cannot round
+        # them; apply_rope moves them to the input's device), the rotated channels' factor
+        self.rope_scaling, self.rope_inv_freq, self.rope_factor = None, None, 1.0
+        if rope_scaling is not None:
+            self._set_yarn(dict(rope_scaling))
         H = num_heads
         if q_lora_rank is None:
             self.q_proj = nn.Linear(d_model, H * self.qk_head_dim, bias=False)
@@ -140,8 +154,30 @@ class MultiHeadLatentAttention(nn.Module):
 
     # ---- pieces ---------------------------------------------------------------------------------------
 
+    def _set_yarn(self, cfg: dict) -> None:
+        kind = cfg.get("rope_type", cfg.get("type"))
+        if kind != "yarn":
+            raise ValueError(f"rope_scaling supports the released checkpoints' YaRN only, got type {kind!r}")
+        missing = [k for k in ("factor", "original_max_position_embeddings") if k not in cfg]
+        if missing:
+            raise ValueError(f"rope_scaling is missing {missing}")
+        factor = float(cfg["factor"])
+        inv_freq = yarn_inv_freq(self.qk_rope_head_dim, self.rope_base, factor,
+                                 int(cfg["original_max_position_embeddings"]),
+                                 cfg.get("beta_fast") or 32.0, cfg.get("beta_slow") or 1.0)
+        self.rope_inv_freq = inv_freq
+        mscale, mscale_all_dim = cfg.get("mscale"), cfg.get("mscale_all_dim")
+        # HF: cos and sin times the "attention factor" (1 when mscale == mscale_all_dim, as in V2/V3) ...
+        self.rope_factor = (yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+                            if mscale and mscale_all_dim else yarn_mscale(factor))
+        # ... and the softmax scale times mscale_all_dim's mscale squared
+        if mscale_all_dim:
+            self.scale = self.scale * yarn_mscale(factor, mscale_all_dim) ** 2
+        self.rope_scaling = cfg
+
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return apply_rope(x, positions, self.rope_base, interleaved=self.rope_interleaved)
+        out = apply_rope(x, positions, self.rope_base, interleaved=self.rope_interleaved, inv_freq=self.rope_inv_freq)
+        return out if self.rope_factor == 1.0 else out * self.rope_factor
 
     def queries(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``q_nope (B, H, L, d_nope)`` and rotated ``q_rope (B, H, L, d_R)`` of ``x (B, L, d_model)``."""
@@ -231,4 +267,5 @@ class MultiHeadLatentAttention(nn.Module):
         return (f"d_model={self.d_model}, num_heads={self.num_heads}, kv_lora_rank={self.kv_lora_rank}, "
                 f"qk_nope_head_dim={self.qk_nope_head_dim}, qk_rope_head_dim={self.qk_rope_head_dim}, "
                 f"v_head_dim={self.v_head_dim}, q_lora_rank={self.q_lora_rank}, "
-                f"rope_interleaved={self.rope_interleaved}")
+                f"rope_interleaved={self.rope_interleaved}"
+                + ("" if self.rope_scaling is None else f", rope_scaling={self.rope_scaling}"))

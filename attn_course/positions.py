@@ -21,8 +21,9 @@ __all__ = ["sinusoidal_embedding", "alibi_slopes", "alibi_bias"]
 
 
 def sinusoidal_embedding(positions: torch.Tensor | int, dim: int, base: float = 10000.0, *,
-                         interleaved: bool = True, dtype=torch.float32) -> torch.Tensor:
-    """``(L, dim)`` sinusoidal encodings of ``positions`` (an int L means ``0..L-1``).
+                         interleaved: bool = True, dtype=torch.float32, device=None) -> torch.Tensor:
+    """``(L, dim)`` sinusoidal encodings of ``positions`` (an int L means ``0..L-1`` on ``device``), on the
+    positions' device.
 
     ``interleaved=True``: channels (2i, 2i+1) = (sin, cos) of p·ω_i, ω_i = base^(−2i/dim) (the paper);
     ``False``: all cosines then all sines (the tutorial / Wan's ``sinusoidal_embedding_1d``).
@@ -31,8 +32,8 @@ def sinusoidal_embedding(positions: torch.Tensor | int, dim: int, base: float = 
     if dim % 2:
         raise ValueError(f"sinusoidal embeddings need an even dim, got dim={dim}")
     if isinstance(positions, int):
-        positions = torch.arange(_validate.positive_int("positions", positions))
-    omega = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)           # (dim/2,)
+        positions = torch.arange(_validate.positive_int("positions", positions), device=device)
+    omega = base ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device) / dim)   # (dim/2,)
     angle = positions.to(torch.float64)[:, None] * omega                              # (L, dim/2)
     if interleaved:
         pe = torch.stack((angle.sin(), angle.cos()), dim=-1).flatten(-2)            # sin, cos, sin, cos, ...

@@ -15,15 +15,24 @@ rotate pair i by p·θ_i; they differ only in which channels form pair i, i.e. b
 ``apply_rope_nd`` rotates consecutive channel slices by different coordinates (row / column for image
 patches; frame / row / column for video tokens, the tutorial's ``precompute_freqs_cis_3d``).
 
-Reference: Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding" (arXiv:2104.09864).
+``yarn_inv_freq`` and ``yarn_mscale`` give YaRN's context extension (Peng et al. 2023), as the released
+DeepSeek-V2/V3 checkpoints use it: frequencies that turn many times within the original context keep θ_i,
+those that turn less than once are divided by the extension factor (position interpolation), a linear ramp
+in between; pass the result to ``apply_rope(..., inv_freq=)``.
+
+References: Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding" (arXiv:2104.09864);
+Peng et al. 2023, "YaRN: Efficient Context Window Extension of Large Language Models" (arXiv:2309.00071).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
 from ._validate import tensor
 
-__all__ = ["apply_rope", "apply_rope_nd", "rotate_half", "rotate_interleaved", "rope_angles", "interleave_perm"]
+__all__ = ["apply_rope", "apply_rope_nd", "rotate_half", "rotate_interleaved", "rope_angles", "interleave_perm",
+           "yarn_inv_freq", "yarn_mscale"]
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -51,15 +60,54 @@ def interleave_perm(d: int) -> torch.Tensor:
     return torch.stack((torch.arange(d // 2), torch.arange(d // 2, d)), dim=-1).flatten()
 
 
-def rope_angles(positions: torch.Tensor, dim: int, base: float = 10000.0, dtype=torch.float32) -> torch.Tensor:
-    """Angles ``p·θ_i`` for every position, repeated over both halves: ``positions.shape + (dim,)``."""
-    theta = base ** (-torch.arange(0, dim, 2, device=positions.device, dtype=dtype) / dim)   # (d/2,)
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature term ``0.1·mscale·ln(factor) + 1`` (1 when ``factor <= 1``)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_inv_freq(dim: int, base: float, factor: float, original_max_position_embeddings: int,
+                  beta_fast: float = 32.0, beta_slow: float = 1.0) -> torch.Tensor:
+    """YaRN's ``(dim/2,)`` fp64 frequencies θ'_i for a context ``factor`` times the original one.
+
+    Pair i turns ``L₀·θ_i / 2π`` times over the original context L₀. Pairs that turn more than ``beta_fast``
+    times keep θ_i (extrapolation), pairs that turn fewer than ``beta_slow`` times get θ_i / factor
+    (interpolation); the pairs between blend the two along a linear ramp over i (the ramp's ends rounded
+    outwards to whole pairs, as Hugging Face's ``_compute_yarn_parameters`` does with ``truncate=True``).
+    """
+    if dim % 2 or dim <= 0:
+        raise ValueError(f"YaRN needs a positive even dim, got dim={dim}")
+    if not factor >= 1:
+        raise ValueError(f"factor must be >= 1, got factor={factor}")
+
+    def pair_turning(turns: float) -> float:      # the (fractional) pair index that turns `turns` times over L₀
+        return dim * math.log(original_max_position_embeddings / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(pair_turning(beta_fast)), 0)
+    high = min(math.ceil(pair_turning(beta_slow)), dim - 1)
+    theta = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)                    # (dim/2,)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)).clamp(0, 1)
+    return theta * (1 - ramp) + theta / factor * ramp
+
+
+def rope_angles(positions: torch.Tensor, dim: int, base: float = 10000.0, dtype=torch.float32, *,
+                inv_freq: torch.Tensor | None = None) -> torch.Tensor:
+    """Angles ``p·θ_i`` for every position, repeated over both halves: ``positions.shape + (dim,)``.
+    ``inv_freq`` (``(dim/2,)``, e.g. :func:`yarn_inv_freq`) replaces ``θ_i = base^(−2i/dim)``.
+
+    Recomputed (with their cos and sin) on every call, which keeps the code short; real implementations
+    cache the cos/sin tables per position, so part of what lesson 11's timing charges to RoPE is this."""
+    if inv_freq is None:
+        theta = base ** (-torch.arange(0, dim, 2, device=positions.device, dtype=dtype) / dim)   # (d/2,)
+    elif inv_freq.shape != (dim // 2,):
+        raise ValueError(f"inv_freq has shape {tuple(inv_freq.shape)}, expected (dim/2,) = ({dim // 2},)")
+    else:
+        theta = inv_freq.to(device=positions.device, dtype=dtype)
     angles = positions.to(dtype)[..., None] * theta                                         # (..., L, d/2)
     return torch.cat((angles, angles), dim=-1)                                              # (..., L, d)
 
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor | None = None, base: float = 10000.0, *,
-               interleaved: bool = False) -> torch.Tensor:
+               interleaved: bool = False, inv_freq: torch.Tensor | None = None) -> torch.Tensor:
     """Rotate ``x`` of shape ``(..., L, d)`` by its positions; returns a tensor of the same shape and dtype.
 
     Args:
@@ -70,6 +118,7 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor | None = None, base: flo
         base: the RoPE base (10000 in the paper).
         interleaved: ``False`` (default) pairs channel i with i + d/2 (rotate_half, GPT-NeoX / HF LLaMA);
             ``True`` pairs 2i with 2i+1 (GPT-J, Meta's LLaMA reference code, complex-number form).
+        inv_freq: optional ``(d/2,)`` frequencies replacing ``base^(−2i/d)`` (e.g. :func:`yarn_inv_freq`).
 
     The angles are computed in fp32 (fp64 for fp64 input) and the result is cast back to ``x.dtype``.
     """
@@ -90,7 +139,7 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor | None = None, base: flo
             raise ValueError(f"positions of shape {tuple(positions.shape)} do not broadcast to x's "
                              f"(..., L={L}) = {tuple(x.shape[:-1])}")
     acc = torch.promote_types(x.dtype, torch.float32)
-    angles = rope_angles(positions.to(x.device), d, base, dtype=acc)     # (..., L, d), halves repeated
+    angles = rope_angles(positions.to(x.device), d, base, dtype=acc, inv_freq=inv_freq)   # (..., L, d), halves repeated
     xf = x.to(acc)
     if interleaved:   # the same angles, each repeated for its neighbour pair (θ_0, θ_0, θ_1, θ_1, ...)
         angles = angles[..., : d // 2].repeat_interleave(2, dim=-1)

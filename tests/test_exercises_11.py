@@ -56,7 +56,7 @@ def rope_interleaved(x, positions, *, half=False, sign=1.0, two=True, zero=False
     return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1).flatten(-2)
 
 
-def rope_complex(x, positions):            # another style: complex multiplication (seed 002)
+def rope_complex(x, positions):            # another style: complex multiplication (a popular Chinese attention tutorial)
     d = x.shape[-1]
     theta = 10000.0 ** (-torch.arange(0, d, 2).double() / d)
     rot = torch.polar(torch.ones(len(positions), d // 2, dtype=torch.float64), positions[:, None].double() * theta)
@@ -270,7 +270,7 @@ def test_fix_remaining_bugs_named(bugs):
 
 
 def test_fix_wan_style_joint_norm_hinted():
-    def wan(x, W_q, W_k, W_v, g_q, g_k, H):          # seed 002's norm_q = RMSNorm(dim) on the full width
+    def wan(x, W_q, W_k, W_v, g_q, g_k, H):          # the tutorial's norm_q = RMSNorm(dim) on the full width
         q, k = x @ W_q.T, x @ W_k.T
         q = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + 1e-6) * g_q.repeat(H)
         k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + 1e-6) * g_k.repeat(H)

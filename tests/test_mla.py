@@ -10,6 +10,7 @@ from torch.testing import assert_close
 from attn_course import MultiHeadLatentAttention, kv_cache_bytes
 from attn_course.bench import largest_tensor_created
 from attn_course.mla import MLACache
+from attn_course.rope import yarn_inv_freq
 
 F64 = torch.float64
 SHAPE = dict(kv_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5)
@@ -344,3 +345,85 @@ def test_matches_transformers_deepseek_v3_attention(rope_interleave, q_lora_rank
         assert not torch.allclose(ours(x, is_causal=True)[0], want, atol=1e-3)
         ours.rope_interleaved, ours.scale = rope_interleave, 1 / math.sqrt(8)
         assert not torch.allclose(ours(x, is_causal=True)[0], want, atol=1e-3)
+
+
+
+YARN_V2 = {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "mscale": 0.707,
+           "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1}        # DeepSeek-V2's released config
+
+
+def _yarn_config(tr, rope_interleave, rope_dim):
+    cfg = tr.DeepseekV3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=24,
+                              kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=rope_dim, v_head_dim=6,
+                              rope_interleave=rope_interleave, attention_bias=False, rms_norm_eps=1e-6,
+                              rope_theta=10000.0, rope_scaling=dict(YARN_V2), max_position_embeddings=163840,
+                              num_hidden_layers=1, vocab_size=10)
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def test_yarn_frequencies_match_transformers_far_beyond_the_original_context():
+    """The rope channels at positions ~50,000 (12x V2's original 4096): HF's YaRN cos/sin (64 rope channels,
+    its _compute_yarn_parameters) rotate exactly as our rope_scaling module does; plain RoPE does not."""
+    tr = pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
+
+    cfg = _yarn_config(tr, False, 64)
+    pos = torch.arange(50_000, 50_006)
+    cos, sin = (t.to(F64)[0] for t in hf.DeepseekV3RotaryEmbedding(cfg)(torch.zeros(1, dtype=torch.float32), pos[None]))
+    torch.manual_seed(0)
+    x = torch.randn(3, 6, 64, dtype=F64)
+    want = x * cos + torch.cat((-x[..., 32:], x[..., :32]), dim=-1) * sin                  # rotate_half form
+    m = MultiHeadLatentAttention(32, 4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=64, v_head_dim=6,
+                                 rope_scaling=YARN_V2)
+    # HF's θ and angles are fp32: at p = 5e4 an angle is off by up to ~p·θ·2⁻²⁴ ≈ 3e-3 rad, hence the tolerance
+    assert_close(m._rope(x, pos), want, atol=1e-2, rtol=0)
+    plain = MultiHeadLatentAttention(32, 4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=64, v_head_dim=6)
+    assert (plain._rope(x, pos) - want).abs().max() > 0.5
+    # the frequencies themselves: V2's 32 pairs = 10 kept, a ramp, and the slowest divided by 40
+    inv = yarn_inv_freq(64, 10000.0, 40, 4096)
+    theta = 10000.0 ** (-torch.arange(0, 64, 2, dtype=F64) / 64)
+    assert_close(inv, hf.ROPE_INIT_FUNCTIONS["yarn"](cfg)[0].to(F64), rtol=1e-6, atol=0)
+    assert (inv[:10] == theta[:10]).all() and torch.allclose(inv[23:], theta[23:] / 40)
+
+
+@pytest.mark.parametrize("rope_interleave", [True, False])
+def test_yarn_module_matches_transformers_deepseek_v3_attention(rope_interleave):
+    """The whole layer with V2's YaRN config: same output as HF's DeepseekV3Attention (its softmax scale is
+    multiplied by mscale² ≈ 1.59, ours too); the module without rope_scaling differs."""
+    tr = pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
+
+    cfg = _yarn_config(tr, rope_interleave, 4)
+    torch.manual_seed(0)
+    theirs = hf.DeepseekV3Attention(cfg, layer_idx=0).to(F64).eval()
+    kw = dict(kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, q_lora_rank=24,
+              rope_interleaved=rope_interleave)
+    ours = MultiHeadLatentAttention(32, 4, rope_scaling=YARN_V2, **kw).to(F64)
+    plain = MultiHeadLatentAttention(32, 4, **kw).to(F64)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if p.dim() > 1 else 1.0) + (1.0 if p.dim() == 1 else 0.0))
+    ours.load_state_dict(theirs.state_dict())
+    plain.load_state_dict(theirs.state_dict())
+    assert math.isclose(ours.scale / plain.scale, (0.1 * 0.707 * math.log(40) + 1) ** 2, rel_tol=1e-12)
+    assert math.isclose(ours.scale, theirs.scaling, rel_tol=1e-12)
+    x = torch.randn(2, 7, 32, dtype=F64)
+    pos = torch.arange(7)[None].expand(2, -1)
+    causal = torch.full((7, 7), float("-inf"), dtype=F64).triu(1)[None, None].expand(2, 1, 7, 7)
+    cos, sin = (t.to(F64) for t in hf.DeepseekV3RotaryEmbedding(cfg)(x.float(), pos))
+    with torch.no_grad():
+        want, w_want = theirs(x, position_embeddings=(cos, sin), attention_mask=causal)
+        for absorb in (False, True):
+            got, w_got = ours(x, is_causal=True, need_weights=True, absorb=absorb)
+            assert_close(got, want, atol=1e-5, rtol=1e-4)
+            assert_close(w_got, w_want, atol=1e-5, rtol=1e-4)
+        assert not torch.allclose(plain(x, is_causal=True)[0], want, atol=1e-3)
+
+
+def test_rope_scaling_bad_input():
+    kw = dict(kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4)
+    with pytest.raises(ValueError, match="YaRN only, got type 'linear'"):
+        MultiHeadLatentAttention(16, 2, rope_scaling={"type": "linear", "factor": 2}, **kw)
+    with pytest.raises(ValueError, match="missing \\['original_max_position_embeddings'\\]"):
+        MultiHeadLatentAttention(16, 2, rope_scaling={"type": "yarn", "factor": 2}, **kw)

@@ -43,3 +43,23 @@ def test_bad_input():
         RMSNorm(0)
     with pytest.raises(ValueError, match="eps"):
         RMSNorm(4, eps=0)
+
+
+def test_bf16_rounds_once_unlike_the_cast_then_gain_order():
+    """bf16 in, bf16 gains: ours is the correctly rounded fp64 value (≤ ½ step); the order "normalise in fp32,
+    cast to bf16, multiply by the bf16 gain" (HF LLaMA) rounds twice and differs on a sizeable share."""
+    torch.manual_seed(0)
+    x = (torch.randn(8, 512) * 3).bfloat16()
+    norm = RMSNorm(512)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.weight.copy_(norm.weight.bfloat16())
+    ours = norm(x).double()
+    xd = x.double()
+    exact = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight.double()
+    step = 2.0 ** (torch.floor(torch.log2(exact.abs())) - 7)               # one bf16 step at each value
+    assert ((ours - exact).abs() <= 0.5 * step * (1 + 1e-6)).all()
+    xf = x.float()
+    twice = ((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).bfloat16() * norm.weight.bfloat16()).double()
+    differ = (twice != ours).double().mean().item()
+    assert 0.1 < differ < 0.5 and ((twice - ours).abs() <= step).all()

@@ -54,3 +54,22 @@ def test_alibi_bias_values_and_decode_alignment():
             for j in range(4):
                 assert math.isclose(bias[h, i, j].item(), -m[h].item() * (i - j), rel_tol=1e-6)
     assert_close(alibi_bias(2, 1, 4), bias[:, -1:, :])      # one decoded token = the last row
+
+
+def test_sinusoidal_shift_is_one_fixed_rotation_for_every_position():
+    """PE(p + δ) = R(δ) PE(p) with R block-diagonal 2×2 rotations by δ·ω_i (fp64, from the paper's ω_i)."""
+    d, delta = 12, 5
+    pe = sinusoidal_embedding(torch.arange(30), d, dtype=torch.float64)
+    blocks = []
+    for i in range(d // 2):
+        a = delta * 10000.0 ** (-2 * i / d)
+        blocks.append(torch.tensor([[math.cos(a), math.sin(a)], [-math.sin(a), math.cos(a)]], dtype=torch.float64))
+    R = torch.block_diag(*blocks)
+    assert_close(pe[delta:], pe[:-delta] @ R.T)
+    assert not torch.allclose(pe[delta:], pe[:-delta], atol=1e-3)      # a rotation, not the identity
+
+
+def test_sinusoidal_follows_the_positions_device():
+    pos = torch.arange(6, device="meta")
+    assert sinusoidal_embedding(pos, 8).device.type == "meta"
+    assert sinusoidal_embedding(6, 8, device="meta").device.type == "meta"

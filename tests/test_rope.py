@@ -93,7 +93,7 @@ from attn_course.rope import apply_rope_nd, interleave_perm  # noqa: E402
 
 
 def rope_reference_complex_interleaved(x, positions, base=10000.0):
-    """fp64 reference in seed 002's form: view (x_{2i}, x_{2i+1}) as one complex number, multiply by e^{ipθ_i}."""
+    """fp64 reference in the form of a popular Chinese attention tutorial: view (x_{2i}, x_{2i+1}) as one complex number, multiply by e^{ipθ_i}."""
     d = x.shape[-1]
     theta = base ** (-2.0 * torch.arange(d // 2, dtype=torch.float64) / d)
     z = torch.view_as_complex(x.double().reshape(*x.shape[:-1], d // 2, 2).contiguous())
@@ -162,3 +162,19 @@ def test_nd_rotates_each_slice_by_its_axis_and_is_relative_per_axis():
 def test_nd_bad_input(coords, dims):
     with pytest.raises(ValueError, match="coords|dims"):
         apply_rope_nd(torch.randn(10, 12), coords, dims)
+
+
+def test_inv_freq_replaces_the_base_frequencies_and_bad_inputs_name_sizes():
+    from attn_course.rope import yarn_inv_freq
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    theta = 10000.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    torch.testing.assert_close(apply_rope(x, inv_freq=theta), apply_rope(x))
+    torch.testing.assert_close(apply_rope(x, inv_freq=theta, interleaved=True), apply_rope(x, interleaved=True))
+    assert not torch.allclose(apply_rope(x, inv_freq=theta / 3), apply_rope(x))
+    with pytest.raises(ValueError, match=r"inv_freq has shape \(3,\), expected \(dim/2,\) = \(4,\)"):
+        apply_rope(x, inv_freq=theta[:3])
+    with pytest.raises(ValueError, match="dim=7"):
+        yarn_inv_freq(7, 10000.0, 4, 4096)
+    with pytest.raises(ValueError, match="factor=0.5"):
+        yarn_inv_freq(8, 10000.0, 0.5, 4096)
+    torch.testing.assert_close(yarn_inv_freq(8, 10000.0, 1.0, 4096), theta)       # factor 1: plain RoPE

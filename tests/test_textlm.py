@@ -74,7 +74,7 @@ def test_short_training_beats_the_unigram_baseline_and_records_logits():
     assert isinstance(m.generate("The ", 10), str)
 
 
-def test_word_start_score():
+def test_word_boundary_score():
     idx = encode("ab cde fghi").view(1, -1)                   # spaces at 2 and 6
     L = idx.shape[1]
     w = torch.zeros(1, 1, L, L)
@@ -82,5 +82,17 @@ def test_word_start_score():
         sep = max([j for j in (2, 6) if j < i - 1], default=None)
         w[0, 0, i, sep if sep is not None else 0] = 1.0
     s = head_scores([w], idx)
-    assert s["word start"].item() == pytest.approx(1.0)
-    assert head_scores(_maps_for("previous", L), idx)["word start"].item() == pytest.approx(0.0)
+    assert s["word boundary"].item() == pytest.approx(1.0)
+    assert head_scores(_maps_for("previous", L), idx)["word boundary"].item() == pytest.approx(0.0)
+
+
+def test_device_argument_places_the_model_and_keeps_the_seeded_run():
+    """``device=`` trains there; the weights are initialised and the batches drawn on the CPU, so an explicit
+    CPU device reproduces the default run exactly, and the evaluation helpers return CPU tensors."""
+    data = TextData(seq_len=16, batch_size=4)
+    kw = dict(steps=4, lr=5e-3, progress=False, d_model=16, num_heads=2)
+    m0, l0, _ = train_lm(data, **kw)
+    m1, l1, _ = train_lm(data, device=torch.device("cpu"), **kw)
+    assert l0 == l1 and m1.head.weight.device.type == "cpu"
+    assert loss_by_position(m1, data, 16, batches=1).device.type == "cpu"
+    assert m0.generate("a ", 5, seed=1) == m1.generate("a ", 5, seed=1)

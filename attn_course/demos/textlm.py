@@ -10,7 +10,11 @@ on real English that every Python installation already holds — the docstrings 
   table added to the embeddings), ``"alibi"`` (a per-head linear bias on the scores) or ``"none"``.
 * :func:`train_lm` trains one with the shared :func:`~attn_course.demos._train.fit` loop;
   :func:`head_scores` measures which heads look at the previous token, at the first token (a sink) or
-  act like induction heads (attend to the token *after* an earlier occurrence of the current one).
+  act like induction heads (attend to the token *after* an earlier occurrence of the current one), or
+  look back to the space that opens the current word (a word-boundary head).
+
+Everything runs on the model's device: :func:`train_lm` takes ``device=``, the data stay on the CPU (their
+random windows are drawn there, so a seed gives the same batches everywhere) and move to the model per batch.
 """
 from __future__ import annotations
 
@@ -176,23 +180,24 @@ class TinyLM(nn.Module):
         """Sample ``n`` characters after ``prompt`` (the last ``window`` characters as context: keep it
         at the training length — beyond it RoPE's loss rises, see the lesson)."""
         gen = torch.Generator().manual_seed(seed)
-        idx = encode(prompt)[None]
+        idx, device = encode(prompt)[None], self.head.weight.device
         for _ in range(n):
-            logits = self(idx[:, -window:])[0, -1] / temperature
-            nxt = torch.multinomial(torch.softmax(logits.double(), -1), 1, generator=gen)
+            logits = self(idx[:, -window:].to(device))[0, -1] / temperature
+            # sample on the CPU from fp64 probabilities: the same seed draws the same characters on any device
+            nxt = torch.multinomial(torch.softmax(logits.double().cpu(), -1), 1, generator=gen)
             idx = torch.cat([idx, nxt[None]], dim=1)
         return decode(idx[0, len(prompt):])
 
 
 def train_lm(data: TextData, *, steps: int = 600, lr: float = 3e-3, seed: int = 0, progress: bool = True,
-             record_every: int = 0, **model_kwargs):
-    """Train a :class:`TinyLM` on ``data``; returns ``(model, losses, record)``.
+             record_every: int = 0, device: torch.device | str | None = None, **model_kwargs):
+    """Train a :class:`TinyLM` on ``data`` (on ``device``; default CPU); returns ``(model, losses, record)``.
 
     ``record_every=k``: every k steps, ``record`` gets ``(step, max attention logit, mean attention
     entropy in nats)`` measured on the current training batch (for the logit-growth experiment).
     """
     torch.manual_seed(seed)
-    model = TinyLM(**model_kwargs)
+    model = TinyLM(**model_kwargs).to(device or "cpu")        # initialised on the CPU: same weights anywhere
     record, step = [], [0]
 
     def forward(m, x):
@@ -214,13 +219,14 @@ def train_lm(data: TextData, *, steps: int = 600, lr: float = 3e-3, seed: int = 
 @torch.no_grad()
 def loss_by_position(model: TinyLM, data: TextData, seq_len: int, *, batches: int = 4, batch_size: int = 16,
                      seed: int = 0) -> torch.Tensor:
-    """Mean validation cross-entropy (nats) at every position 0..seq_len-1: ``(seq_len,)``."""
+    """Mean validation cross-entropy (nats) at every position 0..seq_len-1: ``(seq_len,)`` on the CPU."""
     gen = torch.Generator().manual_seed(seed)
+    device = model.head.weight.device
     total = torch.zeros(seq_len)
     for _ in range(batches):
         x, y = data.sample(gen, "val", seq_len=seq_len, batch_size=batch_size)
-        logits = model(x)
-        total += F.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(0)
+        logits = model(x.to(device))
+        total += F.cross_entropy(logits.transpose(1, 2), y.to(device), reduction="none").mean(0).cpu()
     return total / batches
 
 
@@ -233,11 +239,15 @@ def head_scores(maps: list[torch.Tensor], idx: torch.Tensor, separator: int = 32
     * ``induction``: weight on the keys j + 1 for which token j equals the current token i (and
       j + 1 < i − 1, so the previous token never counts) — "look at what followed this token last time" (Olsson et al. 2022), averaged over
       the queries that have such an earlier occurrence;
-    * ``word start``: weight on the latest ``separator`` (ASCII space) before the previous token — the
-      start of the current word — averaged over the queries that have one.
+    * ``word boundary``: weight on the latest ``separator`` (ASCII space) before the previous token — the
+      boundary just before the current word (the space itself, not the word's first letter) — averaged
+      over the queries that have one.
 
-    ``maps``: per layer ``(B, H, L, L)``; ``idx``: the tokens ``(B, L)``. Returns (layers, H) tensors.
+    ``maps``: per layer ``(B, H, L, L)`` on any device; ``idx``: the tokens ``(B, L)``. Returns (layers, H)
+    tensors on the CPU.
     """
+    maps = [w.cpu() for w in maps]
+    idx = idx.cpu()
     B, L = idx.shape
     i = torch.arange(L)
     prev = torch.stack([w[..., i[1:], i[1:] - 1].mean((0, 2)) for w in maps])          # (layers, H)
@@ -249,11 +259,11 @@ def head_scores(maps: list[torch.Tensor], idx: torch.Tensor, separator: int = 32
     after &= (k[None, :] < k[:, None] - 1)[None]                # key k strictly before the previous token
     has = after.any(-1)                                                                  # (B, L) queries with a match
     ind = torch.stack([((w * after[:, None]).sum(-1) * has[:, None]).sum((0, 2)) / has.sum() for w in maps])
-    # word start: the latest space j < i - 1 before query i (so the previous token never counts)
+    # word boundary: the latest space j < i - 1 before query i (so the previous token never counts)
     is_sep = idx == separator                                                            # (B, L)
     last = torch.where(is_sep, k[None, :], torch.full_like(idx, -1)).cummax(-1).values  # latest separator <= i
     prev_sep = torch.cat([torch.full_like(last[:, :1], -1), last[:, :-1]], dim=-1)        # latest separator < i
     ok = (prev_sep >= 0) & (prev_sep < k[None, :] - 1)                                   # (B, L)
     word = torch.stack([(w.gather(-1, prev_sep.clamp_min(0)[:, None, :, None].expand(-1, w.shape[1], -1, 1))[..., 0]
                          * ok[:, None]).sum((0, 2)) / ok.sum() for w in maps])
-    return {"previous": prev, "first": first, "induction": ind, "word start": word}
+    return {"previous": prev, "first": first, "induction": ind, "word boundary": word}

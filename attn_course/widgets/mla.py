@@ -39,10 +39,10 @@ class LatentView:
 class LatentExplorer:
     """Train-on-demand explorer over ``kv_lora_rank`` (d_c) and ``qk_rope_head_dim`` (d_R)."""
 
-    def __init__(self, *, seed: int = 0, steps: int | None = None, known: dict | None = None):
+    def __init__(self, *, seed: int = 0, steps: int | None = None, known: dict | None = None, device=None):
         from ..demos.mla import COMPARE
         self.sizes = dict(COMPARE, **({} if steps is None else {"steps": steps}))
-        self.seed = seed
+        self.seed, self.device = seed, device          # where the explorer trains (default CPU)
         # label -> (accuracy, elements per token); ``known`` passes results already trained with the same
         # sizes and seed (e.g. the lesson's comparison table), so they are not trained twice
         self._results: dict[str, tuple[float, float]] = dict(known or {})
@@ -50,7 +50,7 @@ class LatentExplorer:
     def _train(self, label: str, kind) -> tuple[float, float]:
         if label not in self._results:
             from ..demos.mla import train_and_measure
-            _, acc, per_token = train_and_measure(kind, seed=self.seed, progress=False, **self.sizes)
+            _, acc, per_token = train_and_measure(kind, seed=self.seed, progress=False, device=self.device, **self.sizes)
             self._results[label] = (acc, per_token)
         return self._results[label]
 
