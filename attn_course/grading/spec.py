@@ -41,6 +41,12 @@ class Case:
     params: dict[str, Any] = field(default_factory=dict)
 
 
+KINDS = ("build", "compute", "predict", "debug", "open")
+"""The kinds of exercise (contract, ``Exercise.kind``): build — the learner writes the lesson's algorithm;
+compute — a quantity (bytes, FLOPs, counts); predict — shapes or outcomes; debug — find and fix a bug;
+open — a design of the learner's own, graded on measured outcomes within a stated budget."""
+
+
 class NotTiled(Exception):
     """The learner's code materialised a tensor as large as the whole score matrix in a tiling exercise."""
 
@@ -75,6 +81,12 @@ class Exercise:
     #   the learner's code raised on this case (e.g. a broadcast error that a known wrong grouping causes)
     max_numel_fn: Callable[[Case], int] | None = None   # tiling: the learner's object may not create any tensor
     #   with this many elements or more on this case (e.g. ``lambda c: Lq * Lk``, the whole score matrix)
+    kind: str = ""                                  # (contract) one of KINDS: what the exercise asks the learner
+    #   to do — build the lesson's algorithm, compute a quantity, predict an outcome, debug code, or an open design
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"exercise {self.id!r}: kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
 
     @property
     def static_forbidden(self) -> tuple[str, ...]:

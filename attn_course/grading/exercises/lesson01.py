@@ -326,18 +326,18 @@ def _std_judge(got, want, case):
 EXERCISES = [
     Exercise("01_attention_by_hand", 3, "Scaled dot-product attention by hand",
              "a function my_attention(q, k, v, mask=None) -> (out, weights)",
-             _attn_cases, _attn_answer, _attn_expected, _attn_judge, forbidden=FORBID_SDPA + FORBID_COURSE),
+             _attn_cases, _attn_answer, _attn_expected, _attn_judge, forbidden=FORBID_SDPA + FORBID_COURSE, kind="build"),
     Exercise("01_causal_padding_mask", 2, "A causal + padding mask",
              "a function make_mask(lengths, L) -> bool tensor (B, 1, L, L)",
-             _mask_cases, _mask_answer, _mask_expected, _mask_judge, forbidden=FORBID_COURSE),
+             _mask_cases, _mask_answer, _mask_expected, _mask_judge, forbidden=FORBID_COURSE, kind="build"),
     Exercise("01_predict_shapes", 1, "Predict the shapes",
              "a function predict_shapes(q_shape, k_shape, v_shape) -> (out_shape, weights_shape)",
-             _shape_cases, _shape_answer, _shape_expected, _shape_judge),
+             _shape_cases, _shape_answer, _shape_expected, _shape_judge, kind="predict"),
     Exercise("01_fix_the_bug", 2, "Fix a buggy attention",
              "a function fixed_attention(q, k, v, mask) -> out",
              _fix_cases, _fix_answer, _fix_expected, _fix_judge, forbidden=FORBID_SDPA + FORBID_COURSE,
-             runtime_only=FORBID_SDPA),           # the cell may compare with SDPA; fixed_attention may not call it
+             runtime_only=FORBID_SDPA, kind="debug"),           # the cell may compare with SDPA; fixed_attention may not call it
     Exercise("01_score_std", 1, "Why 1/√d_k: the spread of the scores",
              "a function score_std(d_k) -> (std_unscaled, std_scaled)",
-             _std_cases, _std_answer, _std_expected, _std_judge),
+             _std_cases, _std_answer, _std_expected, _std_judge, kind="compute"),
 ]

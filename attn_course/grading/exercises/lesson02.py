@@ -184,12 +184,12 @@ def _flops_judge(got, want, case):
 
 EXERCISES = [
     Exercise("02_split_heads", 2, "Split into heads", "a function split_heads(x, num_heads) -> (B, H, L, d_h)",
-             _split_cases, _split_answer, _split_expected, _split_judge, forbidden=FORBID_COURSE),
+             _split_cases, _split_answer, _split_expected, _split_judge, forbidden=FORBID_COURSE, kind="build"),
     Exercise("02_merge_heads", 1, "Merge the heads", "a function merge_heads(y) -> (B, L, H·d_h)",
-             _merge_cases, _merge_answer, _merge_expected, _merge_judge, forbidden=FORBID_COURSE),
+             _merge_cases, _merge_answer, _merge_expected, _merge_judge, forbidden=FORBID_COURSE, kind="build"),
     Exercise("02_mha_forward", 3, "Multi-head self-attention from its weights",
              "a function mha_forward(x, W_q, W_k, W_v, W_o, num_heads, causal) -> (B, L, d_model)",
-             _mha_cases, _mha_answer, _mha_expected, _mha_judge, forbidden=FORBID_SDPA + FORBID_COURSE),
+             _mha_cases, _mha_answer, _mha_expected, _mha_judge, forbidden=FORBID_SDPA + FORBID_COURSE, kind="build"),
     Exercise("02_mha_flops", 2, "Count the FLOPs of a layer", "a function mha_flops(B, L, d_model) -> int",
-             _flops_cases, _flops_answer, _flops_expected, _flops_judge),      # no helper computes it: no rule
+             _flops_cases, _flops_answer, _flops_expected, _flops_judge, kind="compute"),      # no helper computes it: no rule
 ]

@@ -260,15 +260,15 @@ def _decode_judge(got, want, case):
 
 EXERCISES = [
     Exercise("03_expand_kv", 2, "Expand kv heads to query heads", "a function expand_kv(k, num_heads) -> (B, H, L, d)",
-             _expand_cases, _expand_answer, _expand_expected, _expand_judge, forbidden=FORBID_COURSE),
+             _expand_cases, _expand_answer, _expand_expected, _expand_judge, forbidden=FORBID_COURSE, kind="build"),
     Exercise("03_gqa_attention", 3, "Grouped-query attention by hand",
              "a function gqa_attention(q, k, v, causal) -> (B, H, L, d)",
              _gqa_cases, _gqa_answer, _gqa_expected, _gqa_judge, forbidden=FORBID_SDPA + FORBID_COURSE,
-             error_hint_fn=_gqa_error_hint),
+             error_hint_fn=_gqa_error_hint, kind="build"),
     Exercise("03_kv_cache_bytes", 2, "KV-cache size arithmetic",
              "a function cache_bytes(num_layers, num_heads, num_kv_heads, head_dim, seq_len, batch_size, bytes_per_element) -> int",
-             _bytes_cases, _bytes_answer, _bytes_expected, _bytes_judge, forbidden=FORBID_COURSE),
+             _bytes_cases, _bytes_answer, _bytes_expected, _bytes_judge, forbidden=FORBID_COURSE, kind="compute"),
     Exercise("03_decode_step", 3, "One decoding step with a KV cache",
              "a function decode_step(x_t, W_q, W_k, W_v, W_o, num_heads, num_kv_heads, k_cache, v_cache) -> (y_t, k_cache, v_cache)",
-             _decode_cases, _decode_answer, _decode_expected, _decode_judge, forbidden=FORBID_SDPA + FORBID_COURSE),
+             _decode_cases, _decode_answer, _decode_expected, _decode_judge, forbidden=FORBID_SDPA + FORBID_COURSE, kind="build"),
 ]

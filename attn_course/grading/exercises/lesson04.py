@@ -261,14 +261,14 @@ def _split_judge(got, want, case):
 EXERCISES = [
     Exercise("04_cross_attend", 4, "Multi-head cross-attention by hand",
              "a function cross_attend(x, context, w_q, w_k, w_v, num_heads, keep=None) -> (B, Lq, d_model)",
-             _cross_cases, _cross_answer, _cross_expected, _cross_judge, forbidden=FORBID_SDPA + FORBID_COURSE),
+             _cross_cases, _cross_answer, _cross_expected, _cross_judge, forbidden=FORBID_SDPA + FORBID_COURSE, kind="build"),
     Exercise("04_mha_key_padding", 2, "A key_padding_mask for nn.MultiheadAttention",
              "a function mha_key_padding(lengths, max_len) -> bool (B, max_len)",
-             _kpm_cases, _kpm_answer, _kpm_expected, _kpm_judge, forbidden=FORBID_COURSE),
+             _kpm_cases, _kpm_answer, _kpm_expected, _kpm_judge, forbidden=FORBID_COURSE, kind="build"),
     Exercise("04_predict_shapes", 1, "Predict the cross-attention shapes",
              "a function cross_shapes(B, Lq, Lk, d_model, context_dim, num_heads) -> (out_shape, weights_shape)",
-             _shape_cases, _shape_answer, _shape_expected, _shape_judge),
+             _shape_cases, _shape_answer, _shape_expected, _shape_judge, kind="predict"),
     Exercise("04_split_cross_attention", 3, "The tutorial's image + text split cross-attention",
              "a function split_cross_attention(q, k, v, num_image_tokens) -> (B, H, Lq, Ev)",
-             _split_cases, _split_answer, _split_expected, _split_judge, forbidden=FORBID_SDPA + FORBID_COURSE),
+             _split_cases, _split_answer, _split_expected, _split_judge, forbidden=FORBID_SDPA + FORBID_COURSE, kind="build"),
 ]

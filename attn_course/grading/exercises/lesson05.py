@@ -221,14 +221,14 @@ def _vf_judge(got, want, case):
 EXERCISES = [
     Exercise("05_time_matrix", 3, "The time matrix TᵀT / ‖T‖_F, per sample and head, without padding",
              "a function time_matrix(T, keep=None) -> M (B, H, d, d)",
-             _tm_cases, _tm_answer, _tm_expected, _tm_judge, forbidden=FORBID_COURSE),
+             _tm_cases, _tm_answer, _tm_expected, _tm_judge, forbidden=FORBID_COURSE, kind="build"),
     Exercise("05_temporal_weights", 3, "Temporal attention weights",
              "a function temporal_weights(q, k, T) -> weights (B, H, L, L)",
-             _tw_cases, _tw_answer, _tw_expected, _tw_judge, forbidden=FORBID_SDPA + FORBID_COURSE),
+             _tw_cases, _tw_answer, _tw_expected, _tw_judge, forbidden=FORBID_SDPA + FORBID_COURSE, kind="build"),
     Exercise("05_rank_one_scale", 2, "The rank-one factor c",
              "a function rank_one_scale(L, t_norm, d_h) -> float c",
-             _r1_cases, _r1_answer, _r1_expected, _r1_judge),
+             _r1_cases, _r1_answer, _r1_expected, _r1_judge, kind="compute"),
     Exercise("05_video_frames", 2, "Temporal attention in video models: frames as the sequence",
              "a function frames_to_sequences(x) -> (B·N, F, C)",
-             _vf_cases, _vf_answer, _vf_expected, _vf_judge),
+             _vf_cases, _vf_answer, _vf_expected, _vf_judge, kind="build"),
 ]

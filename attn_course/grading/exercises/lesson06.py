@@ -187,14 +187,14 @@ def _params_judge(got, want, case):
 EXERCISES = [
     Exercise("06_spatial_pool", 2, "The spatial gate's descriptor",
              "a function spatial_pool(x: (B, C, H, W)) -> (B, 2, H, W), [mean over C; max over C]",
-             _pool_cases, _pool_answer, _pool_expected, _pool_judge, forbidden=FORBID_COURSE),
+             _pool_cases, _pool_answer, _pool_expected, _pool_judge, forbidden=FORBID_COURSE, kind="build"),
     Exercise("06_channel_gate", 3, "CBAM's channel gate from its weights",
              "a function channel_gate(x, W0, b0, W1, b1) -> M_c (B, C, 1, 1)",
-             _gate_cases, _gate_answer, _gate_expected, _gate_judge, forbidden=FORBID_COURSE),
+             _gate_cases, _gate_answer, _gate_expected, _gate_judge, forbidden=FORBID_COURSE, kind="build"),
     Exercise("06_apply_gate", 1, "Broadcast a channel gate",
              "a function apply_gate(x: (B, C, H, W), s: (B, C)) -> (B, C, H, W)",
-             _apply_cases, _apply_answer, _apply_expected, _apply_judge, forbidden=FORBID_COURSE),
+             _apply_cases, _apply_answer, _apply_expected, _apply_judge, forbidden=FORBID_COURSE, kind="build"),
     Exercise("06_cbam_params", 2, "Count CBAM's parameters",
              "a function cbam_params(channels, reduction, kernel_size) -> int",
-             _params_cases, _params_answer, _params_expected, _params_judge, forbidden=FORBID_COURSE),
+             _params_cases, _params_answer, _params_expected, _params_judge, forbidden=FORBID_COURSE, kind="compute"),
 ]

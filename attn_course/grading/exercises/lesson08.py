@@ -340,20 +340,20 @@ def _io_judge(got, want, case):
 EXERCISES = [
     Exercise("08_online_step", 3, "Fix the online-softmax step",
              "a function online_step(m, l, acc, s, v) -> (m_new, l_new, acc_new)",
-             _step_cases, _step_answer, _step_expected, _step_judge, forbidden=FORBID_COURSE + FORBID_SOFTMAX),
+             _step_cases, _step_answer, _step_expected, _step_judge, forbidden=FORBID_COURSE + FORBID_SOFTMAX, kind="debug"),
     Exercise("08_tiled_forward", 3, "Tiled attention forward with the logsumexp",
              "a function tiled_attention(q, k, v, causal, block) -> (out, lse)",
              _tiled_cases, _tiled_answer, _tiled_expected, _tiled_judge,
              forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX,
-             max_numel_fn=lambda case: case.inputs["q"].shape[-2] * case.inputs["k"].shape[-2]),   # tile by tile
+             max_numel_fn=lambda case: case.inputs["q"].shape[-2] * case.inputs["k"].shape[-2], kind="build"),   # tile by tile
     Exercise("08_backward_from_lse", 3, "Backward from the output and the logsumexp",
              "a function attention_backward(q, k, v, out, lse, dout, causal) -> (dq, dk, dv)",
              _bwd_cases, _bwd_answer, _bwd_expected, _bwd_judge,
-             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX + ("torch.autograd",)),
+             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX + ("torch.autograd",), kind="build"),
     Exercise("08_causal_tiles", 1, "How many tiles does causal attention compute?",
              "a function causal_tiles(L, block_q, block_k) -> int",
-             _tiles_cases, _tiles_answer, _tiles_expected, _tiles_judge, forbidden=FORBID_COURSE),
+             _tiles_cases, _tiles_answer, _tiles_expected, _tiles_judge, forbidden=FORBID_COURSE, kind="compute"),
     Exercise("08_hbm_traffic", 2, "Slow-memory traffic of the tiled forward",
              "a function tiled_traffic(N, d, block_q, block_k) -> int",
-             _io_cases, _io_answer, _io_expected, _io_judge, forbidden=FORBID_COURSE),
+             _io_cases, _io_answer, _io_expected, _io_judge, forbidden=FORBID_COURSE, kind="compute"),
 ]

@@ -240,15 +240,15 @@ EXERCISES = [
     Exercise("12_cache_bytes", 1, "MLA's cache in bytes",
              "a function mla_cache_bytes(seq_len, batch_size, num_layers, num_heads, kv_lora_rank, "
              "qk_rope_head_dim, bytes_per_element) -> int",
-             _cache_cases, _cache_answer, _cache_expected, _cache_judge, forbidden=FORBID_COURSE),
+             _cache_cases, _cache_answer, _cache_expected, _cache_judge, forbidden=FORBID_COURSE, kind="compute"),
     Exercise("12_absorb_query", 2, "Absorb W_UK into the query by hand",
              "a function absorb_query(q_nope, kv_b_weight, qk_nope_head_dim) -> (B, H, L, d_c)",
-             _absorb_cases, _absorb_answer, _absorb_expected, _absorb_judge, forbidden=FORBID_COURSE),
+             _absorb_cases, _absorb_answer, _absorb_expected, _absorb_judge, forbidden=FORBID_COURSE, kind="build"),
     Exercise("12_shared_rope_key", 1, "Why the rope key is shared",
              "a function rope_key_costs(num_heads, head_dim, kv_lora_rank, qk_rope_head_dim) -> "
              "(shared, per_head, shared_groups, per_head_groups)",
-             _shared_cases, _shared_answer, _shared_expected, _shared_judge, forbidden=FORBID_COURSE),
+             _shared_cases, _shared_answer, _shared_expected, _shared_judge, forbidden=FORBID_COURSE, kind="compute"),
     Exercise("12_fix_buggy_mla", 3, "Find the bugs: RoPE on the latent, the wrong scale",
              "a function mla_weights(c_kv, k_rope, q_nope, q_rope, W_UK) -> causal weights (B, H, S, S)",
-             _fix_cases, _fix_answer, _fix_expected, _fix_judge),
+             _fix_cases, _fix_answer, _fix_expected, _fix_judge, kind="debug"),
 ]
