@@ -5,6 +5,9 @@ against SDPA) and the misconceptions whose hints the judges promise.
 
 ``CELLS[exercise_id] = (function name, correct cell, [(wrong cell, expected hint substring), ...])``.
 A hint of ``"FORBIDDEN"`` means the cell must be rejected for a forbidden API.
+
+Lessons 09-13 keep their cells in ``learner_cells_NN.py`` beside this file (same format); they are merged
+into ``CELLS`` at the end of this module.
 '''
 
 CELLS = {}
@@ -576,3 +579,14 @@ def tiled_traffic(N, d, block_q, block_k):
 def tiled_traffic(N, d, block_q, block_k):
     return N * d + math.ceil(N / block_k) * 2 * N * d + N * d + N
 ''', "QUERY blocks")])
+
+
+# ---- lessons 09-13: one module per lesson -----------------------------------------------------------------
+
+import importlib as _importlib  # noqa: E402
+import pkgutil as _pkgutil  # noqa: E402
+from pathlib import Path as _Path  # noqa: E402
+
+for _info in sorted(_pkgutil.iter_modules([str(_Path(__file__).parent)]), key=lambda m: m.name):
+    if _info.name.startswith("learner_cells_"):
+        CELLS.update(_importlib.import_module(_info.name).CELLS)
