@@ -37,7 +37,7 @@ import torch
 from . import _validate
 from .positions import alibi_slopes
 
-__all__ = ["causal", "sliding_window", "dilated", "global_local", "bigbird", "block_sparse",
+__all__ = ["causal", "sliding_window", "dilated", "global_local", "document", "bigbird", "block_sparse",
            "sparse_transformer_layout", "random_block_layout", "dense", "density", "tile_share", "tile_occupancy",
            "block_mask", "block_mask_bytes", "alibi", "soft_cap", "relative_bias", "compiled_flex", "flex"]
 
@@ -91,6 +91,24 @@ def global_local(window: int, global_idx, q_len: int, *, device=None):
 
     def mask_mod(b, h, q_idx, kv_idx):
         return local(b, h, q_idx, kv_idx) | flags[q_idx] | flags[kv_idx]
+    return mask_mod
+
+
+def document(doc_ids, *, causal: bool = True, device=None):
+    """Packed sequences: several documents concatenated into one row of length L, each token attending only
+    within its own document (and causally, by default) — FlexAttention's canonical use, the mask that
+    FlashAttention's variable-length API (``cu_seqlens``) implements natively.
+
+    Args:
+        doc_ids: ``(L,)`` integer document id of every position, non-decreasing (documents are contiguous).
+    """
+    ids = torch.as_tensor(doc_ids, dtype=torch.long, device=device).reshape(-1)
+    if ids.numel() > 1 and bool((ids[1:] < ids[:-1]).any()):
+        raise ValueError(f"doc_ids must be non-decreasing (contiguous documents), got {ids.tolist()}")
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        same = ids[q_idx] == ids[kv_idx]
+        return same & (kv_idx <= q_idx) if causal else same
     return mask_mod
 
 

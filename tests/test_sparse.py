@@ -181,3 +181,33 @@ def test_sparse_transformer_layout_device_and_definition():
     assert lay.device.type == "cpu" and torch.equal(lay, ref)
     if torch.cuda.is_available():
         assert sparse.sparse_transformer_layout(n, s, device="cuda").device.type == "cuda"
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_document_mask_equals_attention_within_each_document(causal):
+    """Packed documents: one masked attention over the row equals each document's own attention (fp64),
+    through the dense mask and through FlexAttention with its BlockMask."""
+    lengths = [5, 9, 1, 17]
+    ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    L = ids.numel()
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, L, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    m = sparse.dense(sparse.document(ids, causal=causal), L)
+    i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    assert torch.equal(m, (ids[:, None] == ids[None, :]) & ((j <= i) | (not causal)))
+    out = attention(q, k, v, attn_mask=m)[0]
+    pieces, start = [], 0
+    for n in lengths:
+        s = slice(start, start + n)
+        pieces.append(torch.nn.functional.scaled_dot_product_attention(q[..., s, :], k[..., s, :], v[..., s, :],
+                                                                        is_causal=causal))
+        start += n
+    torch.testing.assert_close(out, torch.cat(pieces, dim=-2), rtol=0, atol=1e-12)
+    bm = sparse.block_mask(sparse.document(ids, causal=causal), L, block=8)
+    got = sparse.flex(q, k, v, block_mask=bm, compiled=False)
+    torch.testing.assert_close(got, out, rtol=0, atol=1e-12)
+
+
+def test_document_ids_must_be_contiguous():
+    with pytest.raises(ValueError, match="non-decreasing"):
+        sparse.document([0, 0, 1, 0])
