@@ -16,7 +16,7 @@ import re
 from . import __version__
 
 __all__ = ["REPOSITORY", "git_ref", "install_spec", "colab_url", "badge_markdown", "stamp_setup_source",
-           "stamp_badge_source", "restamp_badges", "BADGE_IMAGE"]
+           "stamp_badge_source", "restamp_badges", "stamp_colab_links", "BADGE_IMAGE"]
 
 # Change this line when the repository is published under another owner/name (GitHub "owner/name").
 REPOSITORY = "attn-course/attn_course"
@@ -24,6 +24,17 @@ REPOSITORY = "attn-course/attn_course"
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 _BADGE_LINE = re.compile(r"^\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)[ \t]*$", re.MULTILINE)
 _INSTALL = re.compile(r'"git\+https://[^"]*"')
+# After the install, in the setup cell: a kernel that has just pip-installed a package must refresh its import
+# caches to find it, and a package pip upgraded after the runtime imported it needs a restart (Colab's ipywidgets).
+_AFTER_INSTALL = (
+    "    importlib.invalidate_caches()                      # so this kernel finds the package just installed\n"
+    "    print(\"attn_course installed. If a later cell fails on an import (pip may have upgraded a package this \"\n"
+    "          \"runtime had already loaded), restart the runtime and run all cells again.\")\n")
+_INSTALL_CALL_END = re.compile(r'("git\+https://[^"]*"\],[^\n]*check=True\)\n)(?!    importlib\.invalidate_caches)')
+# A markdown link to another notebook of the course, relative to the notebook (``../exercises/09_x.ipynb``,
+# ``05_x.ipynb``), not already followed by its Colab link: relative links do not resolve inside Colab.
+_NOTEBOOK_LINK = re.compile(r"\]\(((?:\.\./)?(?:notebooks/|exercises/|solutions/)?\d\d_[A-Za-z0-9_]+\.ipynb)(#[^)\s]*)?\)"
+                            r"(?! \(\[Colab\])")
 
 
 def git_ref(version: str | None = None) -> str:
@@ -51,7 +62,20 @@ def stamp_setup_source(source: str, version: str | None = None, repository: str 
     :func:`install_spec`. Raises ``ValueError`` if the cell names no such target."""
     if not _INSTALL.search(source):
         raise ValueError('the setup cell has no quoted "git+https://..." install target to stamp')
-    return _INSTALL.sub(lambda _: f'"{install_spec(version, repository)}"', source)
+    source = _INSTALL.sub(lambda _: f'"{install_spec(version, repository)}"', source)
+    return _INSTALL_CALL_END.sub(lambda m: m.group(1) + _AFTER_INSTALL, source, count=1)
+
+
+def stamp_colab_links(source: str, path: str, version: str | None = None, repository: str | None = None) -> str:
+    """Markdown ``source`` of the notebook at ``path`` with every relative link to another course notebook
+    followed by `` ([Colab](url))`` — the same notebook opened in Colab at the tag (idempotent)."""
+    import posixpath
+    folder = posixpath.dirname(path)
+
+    def add(m):
+        target = posixpath.normpath(posixpath.join(folder, m.group(1)))
+        return f"{m.group(0)} ([Colab]({colab_url(target, version, repository)}))"
+    return _NOTEBOOK_LINK.sub(add, source)
 
 
 def restamp_badges(text: str, path: str, version: str | None = None, repository: str | None = None) -> str:

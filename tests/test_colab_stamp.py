@@ -2,6 +2,7 @@
 pinned to the package version, into every setup cell and an "Open in Colab" badge into every notebook's
 first markdown cell; `release --check` fails on a stale stamp."""
 import json
+import posixpath
 import re
 import shutil
 from pathlib import Path
@@ -12,6 +13,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 import attn_course
 from attn_course import _colab
+from attn_course.grading import notebook as nbk
 from attn_course.grading.release import release, stamp_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,7 +39,8 @@ def test_install_spec_and_badge_come_from_one_place_and_pin_the_version():
 def test_stamp_setup_source_replaces_the_target_and_refuses_a_cell_without_one():
     out = _colab.stamp_setup_source(SETUP)
     assert f'"{_colab.install_spec()}"' in out and "someone/old" not in out
-    assert out.replace(_colab.install_spec(), "X") == SETUP.replace("git+https://github.com/someone/old.git", "X")
+    assert out.replace(_colab.install_spec(), "X") == SETUP.replace(
+        "git+https://github.com/someone/old.git", "X").replace("check=True)\n", "check=True)\n" + _colab._AFTER_INSTALL)
     assert _colab.stamp_setup_source(out) == out                       # idempotent
     with pytest.raises(ValueError, match="install target"):
         _colab.stamp_setup_source("import torch")
@@ -106,3 +109,38 @@ def test_readme_badge_and_which_line_to_change():
     text = (ROOT / "README.md").read_text()
     assert _colab.badge_markdown("notebooks/01_scaled_dot_product_attention.ipynb") in text
     assert "attn_course/_colab.py" in text and "REPOSITORY" in text
+
+
+def test_setup_cells_refresh_import_caches_and_say_when_to_restart():
+    """N-20: after pip installs the course in Colab the kernel refreshes its import caches, and the cell says
+    that a runtime restart is needed if pip upgraded a package the runtime had already imported."""
+    for path in sorted(ROOT.glob("*/[0-9][0-9]_*.ipynb")):
+        setup = [nbk.source_of(c) for c in nbk.read(path).cells
+                 if c.cell_type == "code" and 'find_spec("attn_course")' in nbk.source_of(c)]
+        assert setup and _colab._AFTER_INSTALL in setup[0], path.name
+        assert setup[0].index("importlib.invalidate_caches()") > setup[0].index("check=True)")
+        assert "restart the runtime" in setup[0]
+
+
+def test_links_to_other_notebooks_also_open_in_colab():
+    """N-20: relative links do not resolve in Colab, so each link to a course notebook is followed by the same
+    notebook's Colab link at the tag; stamping is idempotent and leaves other links alone."""
+    src = "See [lesson 05](05_t.ipynb#eq) and [the exercises](../exercises/09_x.ipynb), [a site](https://x.org/a.ipynb)."
+    once = _colab.stamp_colab_links(src, "notebooks/09_x.ipynb")
+    assert once == ("See [lesson 05](05_t.ipynb#eq) ([Colab](" + _colab.colab_url("notebooks/05_t.ipynb") + ")) and "
+                    "[the exercises](../exercises/09_x.ipynb) ([Colab](" + _colab.colab_url("exercises/09_x.ipynb")
+                    + ")), [a site](https://x.org/a.ipynb).")
+    assert _colab.stamp_colab_links(once, "notebooks/09_x.ipynb") == once
+    link = re.compile(r"\]\(((?:\.\./)?(?:notebooks/|exercises/|solutions/)?\d\d_\w+\.ipynb)(#[^)\s]*)?\)"
+                      r"( \(\[Colab\]\(([^)]*)\)\))?")
+    seen = 0
+    for path in sorted(ROOT.glob("*/[0-9][0-9]_*.ipynb")):
+        for cell in nbk.read(path).cells:
+            if cell.cell_type != "markdown":
+                continue
+            for m in link.finditer(nbk.source_of(cell)):
+                target = posixpath.normpath(posixpath.join(path.parent.name, m.group(1)))
+                assert m.group(4) == _colab.colab_url(target), (path.name, m.group(0))
+                assert (ROOT / target).exists(), (path.name, target)
+                seen += 1
+    assert seen > 50

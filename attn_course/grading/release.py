@@ -84,6 +84,9 @@ def stamp_notebook(nb, path: str) -> nbformat.NotebookNode:
     first_md = next((c for c in out.cells if c.cell_type == "markdown"), None)
     if first_md is not None:
         first_md.source = _colab.stamp_badge_source(nbk.source_of(first_md), path)
+    for cell in out.cells:                                          # links to other notebooks, also in Colab
+        if cell.cell_type == "markdown":
+            cell.source = _colab.stamp_colab_links(nbk.source_of(cell), path)
     return out
 
 
