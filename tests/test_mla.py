@@ -325,16 +325,10 @@ def test_matches_transformers_deepseek_v3_attention(rope_interleave, q_lora_rank
     theirs = hf.DeepseekV3Attention(cfg, layer_idx=0).to(F64).eval()
     ours = MultiHeadLatentAttention(32, 4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
                                     q_lora_rank=q_lora_rank, rope_interleaved=rope_interleave).to(F64)
-    with torch.no_grad():
-        for p in theirs.parameters():
-            p.copy_(torch.randn_like(p) * (0.3 if p.dim() > 1 else 1.0) + (1.0 if p.dim() == 1 else 0.0))
+    _randomise(theirs)
     ours.load_state_dict(theirs.state_dict())                 # same names, same shapes: strict load
-    x = torch.randn(2, 7, 32, dtype=F64)
-    pos = torch.arange(7)[None].expand(2, -1)
-    causal = torch.full((7, 7), float("-inf"), dtype=F64).triu(1)[None, None].expand(2, 1, 7, 7)
-    cos, sin = (t.to(F64) for t in hf.DeepseekV3RotaryEmbedding(cfg)(x.float(), pos))
+    x, want, w_want = _hf_forward(hf, theirs, cfg)
     with torch.no_grad():
-        want, w_want = theirs(x, position_embeddings=(cos, sin), attention_mask=causal)
         for absorb in (False, True):
             got, w_got = ours(x, is_causal=True, need_weights=True, absorb=absorb)
             # HF computes its rotary angles and its RMSNorms in fp32 even for fp64 inputs: fp32 tolerance
@@ -401,19 +395,13 @@ def test_yarn_module_matches_transformers_deepseek_v3_attention(rope_interleave)
               rope_interleaved=rope_interleave)
     ours = MultiHeadLatentAttention(32, 4, rope_scaling=YARN_V2, **kw).to(F64)
     plain = MultiHeadLatentAttention(32, 4, **kw).to(F64)
-    with torch.no_grad():
-        for p in theirs.parameters():
-            p.copy_(torch.randn_like(p) * (0.3 if p.dim() > 1 else 1.0) + (1.0 if p.dim() == 1 else 0.0))
+    _randomise(theirs)
     ours.load_state_dict(theirs.state_dict())
     plain.load_state_dict(theirs.state_dict())
     assert math.isclose(ours.scale / plain.scale, (0.1 * 0.707 * math.log(40) + 1) ** 2, rel_tol=1e-12)
     assert math.isclose(ours.scale, theirs.scaling, rel_tol=1e-12)
-    x = torch.randn(2, 7, 32, dtype=F64)
-    pos = torch.arange(7)[None].expand(2, -1)
-    causal = torch.full((7, 7), float("-inf"), dtype=F64).triu(1)[None, None].expand(2, 1, 7, 7)
-    cos, sin = (t.to(F64) for t in hf.DeepseekV3RotaryEmbedding(cfg)(x.float(), pos))
+    x, want, w_want = _hf_forward(hf, theirs, cfg)
     with torch.no_grad():
-        want, w_want = theirs(x, position_embeddings=(cos, sin), attention_mask=causal)
         for absorb in (False, True):
             got, w_got = ours(x, is_causal=True, need_weights=True, absorb=absorb)
             assert_close(got, want, atol=1e-5, rtol=1e-4)
@@ -427,3 +415,21 @@ def test_rope_scaling_bad_input():
         MultiHeadLatentAttention(16, 2, rope_scaling={"type": "linear", "factor": 2}, **kw)
     with pytest.raises(ValueError, match="missing \\['original_max_position_embeddings'\\]"):
         MultiHeadLatentAttention(16, 2, rope_scaling={"type": "yarn", "factor": 2}, **kw)
+
+
+def _randomise(theirs):
+    """Random weights (norm gains near 1) for an HF attention module, in place."""
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if p.dim() > 1 else 1.0) + (1.0 if p.dim() == 1 else 0.0))
+
+
+def _hf_forward(hf, theirs, cfg):
+    """x (2, 7, 32) in fp64 and HF's causal output and weights for it, with HF's rotary embedding."""
+    x = torch.randn(2, 7, 32, dtype=F64)
+    pos = torch.arange(7)[None].expand(2, -1)
+    causal = torch.full((7, 7), float("-inf"), dtype=F64).triu(1)[None, None].expand(2, 1, 7, 7)
+    cos, sin = (t.to(F64) for t in hf.DeepseekV3RotaryEmbedding(cfg)(x.float(), pos))
+    with torch.no_grad():
+        want, w_want = theirs(x, position_embeddings=(cos, sin), attention_mask=causal)
+    return x, want, w_want
