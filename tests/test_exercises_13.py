@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import exercise_kit
+from attn_course.grading.exercises import lesson13 as L13
 from exercise_kit import assert_all_pass
 
 assert_hint = partial(exercise_kit.assert_hint, every=False)
@@ -86,7 +87,7 @@ def test_zigzag_positions():
     c = lambda L, P: L // (2 * P)  # noqa: E731
     assert_hint("13_zigzag_positions", lambda r, P, L: torch.cat([torch.arange(r * c(L, P), (r + 1) * c(L, P)),
                                                                   torch.arange((P - 1 - r) * c(L, P), (P - r) * c(L, P))]),
-                "2P−1−r, not P−1−r")
+                "2P−1−r, not P−1−r", every=True)
 
 
 # ---- 13_ring_bytes ----
@@ -98,6 +99,24 @@ def test_ring_bytes():
     assert_hint("13_ring_bytes", lambda P, *a: ok(P, *a) * P // (P - 1), "P hops", every=True)
     assert_hint("13_ring_bytes", lambda *a: ok(*a) // 2, "both K and V", every=True)
     assert_hint("13_ring_bytes", lambda P, *a: ok(P, *a) * P, "L/P positions", every=True)
+    assert_hint("13_ring_bytes", lambda P, B, H, L, E, nb: 4 * (P - 1) * B * H * (L // P) * E * nb // P, "Ulysses",
+                every=True)
+
+
+@pytest.mark.parametrize("ex_id, mistakes", [
+    ("13_ring_bytes", lambda p: [v for _, v in L13._bytes_mistakes(p)] + [L13._bytes_formula(**p)]),
+    ("13_zigzag_positions", lambda p: [tuple(x.tolist()) for x in L13._zig_mistakes(p["rank"], p["world"], p["L"])]
+     + [tuple(L13._zig(p["rank"], p["world"], p["L"], p["rank"], 2 * p["world"] - 1 - p["rank"]).tolist())]),
+])
+def test_no_two_named_mistakes_coincide(ex_id, mistakes):
+    """Issue 24: pairs of mistakes that give the same numbers (ring bytes at P = 4: Ulysses' volume = K alone;
+    zigzag at P = 2, rank 0: the contiguous layout = the P−1−r mirror) named only one of them. No case, for
+    any seed, lets two named mistakes (or a mistake and the answer) coincide, so every hint is the right one."""
+    from attn_course.grading.exercises import get
+    for seed in range(40):
+        for case in get(ex_id).cases(torch.Generator().manual_seed(seed)):
+            values = mistakes(case.params)
+            assert len(set(values)) == len(values), (seed, case.name)
 
 
 # ---- 13_causal_blocks ----

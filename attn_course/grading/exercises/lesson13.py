@@ -140,11 +140,14 @@ def _sched_judge(got, want, case):
 # ---- 13_zigzag_positions ------------------------------------------------------------------------------
 
 def _zig_cases(gen):
-    out = []
-    for P in (2, randint(gen, 3, 4), randint(gen, 3, 5), randint(gen, 4, 8)):
+    def one(gen, P):
         r, L = randint(gen, 0, P - 1), 2 * P * randint(gen, 1, 4)
-        out.append(Case(f"rank {r} of P={P}, L={L}", params={"rank": r, "world": P, "L": L}))
-    return out
+        case = Case(f"rank {r} of P={P}, L={L}", params={"rank": r, "world": P, "L": L})
+        return case, distinct(*(tuple(x.tolist()) for x in [_zig_expected(case)["positions"]] + _zig_mistakes(r, P, L)))
+    # on no case do two of the mistakes the judge names give the same positions (P = 2, rank 0: the
+    # contiguous layout is chunks 0, 1 — and so is the mirror P − 1 − r), so each hint can be told apart
+    return [draw(gen, lambda g: one(g, P), lambda x: x[1])[0]
+            for P in (2, randint(gen, 3, 4), randint(gen, 3, 5), randint(gen, 4, 8))]
 
 
 def _zig_answer(fn, case):
@@ -162,30 +165,39 @@ def _zig_expected(case):
     return {"positions": _zig(p["rank"], p["world"], p["L"], p["rank"], 2 * p["world"] - 1 - p["rank"])}
 
 
+def _zig_mistakes(r, P, L):
+    """The positions each mistake the judge names gives, in the order of its hints."""
+    c = L // P
+    return [torch.arange(r * c, (r + 1) * c), _zig(r, P, L, 2 * P - 1 - r, r), _zig(r, P, L, r, P - 1 - r)]
+
+
+_ZIG_HINTS = ("that is the contiguous layout: zigzag cuts L into 2P chunks and gives rank r chunks r and 2P−1−r.",
+              "right chunks, wrong order: concatenate chunk r first, then chunk 2P−1−r.",
+              "the mirror of chunk r among 2P chunks is 2P−1−r, not P−1−r.")
+
+
 def _zig_judge(got, want, case):
     if close(got["positions"], want["positions"]):
         return Verdict(True)
     r, P, L = case.params["rank"], case.params["world"], case.params["L"]
-    c = L // P
-    return diagnose(got["positions"], [
-        ("that is the contiguous layout: zigzag cuts L into 2P chunks and gives rank r chunks r and 2P−1−r.",
-         torch.arange(r * c, (r + 1) * c)),
-        ("right chunks, wrong order: concatenate chunk r first, then chunk 2P−1−r.",
-         _zig(r, P, L, 2 * P - 1 - r, r)),
-        ("the mirror of chunk r among 2P chunks is 2P−1−r, not P−1−r.", _zig(r, P, L, r, P - 1 - r)),
-    ], "rank r holds chunk r and chunk 2P−1−r of the 2P equal chunks, in that order.", same=close)
+    return diagnose(got["positions"], list(zip(_ZIG_HINTS, _zig_mistakes(r, P, L))),
+                    "rank r holds chunk r and chunk 2P−1−r of the 2P equal chunks, in that order.", same=close)
 
 
 # ---- 13_ring_bytes ------------------------------------------------------------------------------------
 
 def _bytes_cases(gen):
-    P1, P2, P3 = choice(gen, (4, 8)), choice(gen, (4, 8, 16)), randint(gen, 3, 7)     # P = 2: P hops = a shard of L
-    cfgs = [(P1, 1, choice(gen, (8, 16)), P1 * 512 * randint(gen, 1, 8), 64, 2),
-            (P2, randint(gen, 2, 4), 32, P2 * 1024 * randint(gen, 4, 32), 128, 2),
-            (P3, 1, randint(gen, 2, 9), P3 * randint(gen, 4, 40), 16, 4)]
-    return [Case(f"P={P}, B={B}, H={H}, L={L}, E={E}, {nb} B/elem",
-                 params={"world": P, "batch": B, "heads": H, "seq_len": L, "head_dim": E, "elem_bytes": nb})
-            for P, B, H, L, E, nb in cfgs]
+    def one(gen, P, B, H, per_rank, E, nb):
+        p = {"world": P, "batch": B, "heads": H, "seq_len": P * per_rank, "head_dim": E, "elem_bytes": nb}
+        return p, distinct(_bytes_formula(**p), *(value for _, value in _bytes_mistakes(p)))
+    # P = 2: P hops give a shard of L; P = 4: Ulysses' volume equals K alone — on no case do two mistakes the
+    # judge names coincide (or one coincide with the answer), so each hint can be told apart
+    makers = [lambda g: one(g, choice(g, (4, 8, 16)), 1, choice(g, (8, 16)), 512 * randint(g, 1, 8), 64, 2),
+              lambda g: one(g, choice(g, (4, 8, 16)), randint(g, 2, 4), 32, 1024 * randint(g, 4, 32), 128, 2),
+              lambda g: one(g, randint(g, 3, 7), 1, randint(g, 2, 9), randint(g, 4, 40), 16, 4)]
+    params = [draw(gen, make, lambda x: x[1])[0] for make in makers]
+    return [Case(f"P={p['world']}, B={p['batch']}, H={p['heads']}, L={p['seq_len']}, E={p['head_dim']}, "
+                 f"{p['elem_bytes']} B/elem", params=p) for p in params]
 
 
 def _bytes_answer(fn, case):
@@ -204,11 +216,9 @@ def _bytes_expected(case):
     return {"bytes": torch.tensor(_bytes_formula(**case.params), dtype=torch.int64)}
 
 
-def _bytes_judge(got, want, case):
-    g, p = int(got["bytes"]), case.params
-    if g == int(want["bytes"]):
-        return Verdict(True)
-    for hint, value in [
+def _bytes_mistakes(p):
+    """(hint, value) for each mistake the judge names."""
+    return [
         ("P hops would send a shard back home: after P − 1 hops every rank has seen every shard.",
          _bytes_formula(**p, hops=p["world"])),
         ("both K and V travel: 2 tensors per hop.", _bytes_formula(**p, tensors=1)),
@@ -216,7 +226,14 @@ def _bytes_judge(got, want, case):
         ("that is Ulysses' volume (4·(P−1)/P of a shard); the ring sends its K and V shard P − 1 times.",
          4 * (p["world"] - 1) * p["batch"] * p["heads"] * (p["seq_len"] // p["world"]) * p["head_dim"]
          * p["elem_bytes"] // p["world"]),
-    ]:
+    ]
+
+
+def _bytes_judge(got, want, case):
+    g, p = int(got["bytes"]), case.params
+    if g == int(want["bytes"]):
+        return Verdict(True)
+    for hint, value in _bytes_mistakes(p):
         if g == value:
             return Verdict(False, hint)
     return Verdict(False, "bytes = (P − 1) hops × 2 tensors (K, V) × B·H·(L/P)·E elements × bytes per element.")
