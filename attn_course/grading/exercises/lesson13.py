@@ -82,11 +82,11 @@ def _merge_judge(got, want, case):
         right_elsewhere = close(got["out"][fine], want["out"][fine], atol=1e-8, rtol=1e-6) and close(
             got["lse"][fine], want["lse"][fine])
         if right_elsewhere:
-            return Verdict(False, "right on every row where both parts saw keys (the sigmoid form of "
-                                  "ring-flash-attention's update is fine there), but a part with no visible key "
-                                  "has lse = −∞, and there your merge gives NaN or a wrong value: the course's ring "
-                                  "starts from lse = −∞, so handle it (torch.logaddexp, or weigh by e^{lse_i − lse} "
-                                  "with a row of no keys at all kept at zero).")
+            return Verdict(False, "right on every row where both parts saw keys, but a part with no visible key "
+                                  "has lse = −∞, and there your merge gives NaN or a wrong value (the sigmoid form "
+                                  "of ring-flash-attention's update, exact elsewhere, computes −∞ − (−∞) there): "
+                                  "the course's ring starts from lse = −∞, so handle it — torch.logaddexp, and "
+                                  "weights e^{lse_i − lse} with a row of no keys at all kept at zero.")
     if ok_out:
         return diagnose(got["lse"], [
             ("the merged lse is log(e^{lse1} + e^{lse2}) (torch.logaddexp), not the max of the two.",
