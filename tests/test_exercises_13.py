@@ -269,3 +269,21 @@ def test_simulated_ring_follows_the_schedule_and_counts():
         ring.pass_on()
     results, passes = run_ring(lambda q, r, P_, ring, extra: (q * extra, r), shards, shards, shards, 2.0)
     assert passes == [0] * P and [r for _, r in results] == list(range(P))
+
+
+@pytest.mark.parametrize("folder, points", [("solutions", 4), ("exercises", 0)])
+def test_ring_loop_solution_gets_full_marks_and_the_released_stub_zero(folder, points, capsys):
+    """The notebook's own cells, through check(): the solution 4/4, the released stub 0 ("not attempted")."""
+    from pathlib import Path
+
+    from attn_course.grading import check
+    from attn_course.grading import notebook as nbk
+    from test_grading_learners import run_cell
+    root = Path(__file__).resolve().parents[1]
+    nb = nbk.read(next((root / folder).glob("13_*.ipynb")))
+    source = nbk.exercise_cells(nb)["13_ring_loop"]["source"]
+    source = source if isinstance(source, str) else "".join(source)
+    result = check("13_ring_loop", run_cell(source)["ring_forward"])
+    capsys.readouterr()
+    assert result.score == points
+    assert result.status == ("checked" if points else "not attempted")
