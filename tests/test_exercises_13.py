@@ -136,7 +136,7 @@ def test_causal_blocks():
 # ---- 13_ring_loop (build: the ring loop on the simulated ring) ----
 
 def make_ring(merge="lse", diagonal=True, skip_future=True, skip_own=False, index="r-t", scale=True,
-              passes="all", keep=False, lse_max=False):
+              passes="all", keep=False, lse_max=False, lse_last=False):
     """A ring loop with one knob per mistake (the defaults are right)."""
     def ring_forward(q, rank, world, ring, causal):
         out, lse, n, kept = None, torch.full(q.shape[:-1], -math.inf, dtype=q.dtype), 0, []
@@ -162,12 +162,13 @@ def make_ring(merge="lse", diagonal=True, skip_future=True, skip_own=False, inde
                 elif merge == "sum":
                     out = out + ob
                 lse = torch.maximum(lse, lb) if lse_max else new
+                last = lb
                 n += 1
             if t < world - 1 and (passes in ("all", "P") or (passes == "until done" and not (causal and t >= rank))):
                 ring.pass_on()
         if passes == "P":
             ring.pass_on()
-        return out, lse
+        return out, (last if lse_last else lse)
     return ring_forward
 
 
@@ -221,6 +222,7 @@ def test_ring_loop():
         assert_hint("13_ring_loop", make_ring(merge=merge), "without their log-sum-exps", every=True)
     assert_hint("13_ring_loop", make_ring(scale=False), "not scaled", every=True)
     assert_hint("13_ring_loop", make_ring(lse_max=True), "not the max", every=True)
+    assert_hint("13_ring_loop", make_ring(lse_last=True), "not the last block's", every=True)
     # causal mistakes: named on every causal case (the non-causal case passes)
     for kw, hint in [(dict(diagonal=False), "diagonal block"), (dict(skip_future=False, diagonal=False), "mask is missing"),
                      (dict(skip_future=False), "LATER ranks"), (dict(index="nomod"), "without the mod"),

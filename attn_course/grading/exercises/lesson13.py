@@ -14,7 +14,8 @@ import torch
 
 from ...ring_sim import run_ring
 from ..guard import TensorCallWatch
-from ..spec import Case, Exercise, FORBID_COURSE, NotTiled, Verdict, close, diagnose, distinct, draw, first_match, randint, choice
+from ..spec import (Case, Exercise, FORBID_COURSE, NotTiled, Verdict, choice, close, diagnose, distinct, draw,
+                    first_match, randint)
 
 __all__ = ["EXERCISES"]
 
@@ -384,9 +385,10 @@ def _loop_judge(got, want, case):
     lse_max = "the running lse is logaddexp(lse, lse_block), not the max of the two."
     if ok_out:
         blocks = _ring_model(case)
-        return diagnose(got["lse"], [(lse_max, blocks["lse max"]), ("return the MERGED lse, not the last block's.",
-                                                                    blocks["lse last"])],
+        return diagnose(got["lse"], [(lse_max, blocks["lse max"]),
+                                     ("return the MERGED lse, not the last block's.", blocks["lse last"])],
                         "the output is right; return the merged log-sum-exp too: lse ← logaddexp(lse, lse_block).")
+
     def model(**kw):
         return _ring_model(case, **kw)["out"]
     averaging = ("the blocks are merged without their log-sum-exps (an average or a sum): each block's output is "
@@ -413,10 +415,12 @@ def _loop_judge(got, want, case):
         ]
     hint = first_match(got["out"], cands)
     if hint is None and bool(torch.isnan(got["out"]).any()):
-        hint = ("NaN: in a block where a query sees no key (all −∞) the softmax is NaN — skip blocks wholly in "
-                "the future, and merge so that a part with lse = −∞ weighs e^{−∞} = 0 (start from out = 0, lse = −∞).")
+        hint = ("NaN: in a block where a query sees no key (all −∞) the softmax is NaN — skip blocks wholly "
+                "in the future, and merge so that a part with lse = −∞ weighs e^{−∞} = 0 (start from out = 0, "
+                "lse = −∞).")
     return Verdict(False, hint or "the output differs from full attention: at each step compute the block "
                                   "(q·kᵀ/√E, the causal rule of 13.5), its lse, and merge by log-sum-exp.")
+
 
 EXERCISES = [
     Exercise("13_merge_partials", 3, "Merge two partial attentions by their log-sum-exp",
