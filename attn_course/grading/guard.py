@@ -264,7 +264,7 @@ class RuntimeGuard:
     def __init__(self, forbidden, allow_files=()):
         self.forbidden = tuple(forbidden)
         self.violations: set[str] = set()
-        self._allow = {os.path.abspath(f) for f in allow_files}
+        self._allow = {os.path.abspath(f) for f in allow_files} | _learner_tool_files()
         self._codes, self._builtins, self._dirs = _targets(self.forbidden)
         self._file_verdict: dict[str, str | None] = {}
         # the forbidden module that contains the grader itself (e.g. "attn_course"), if any
@@ -419,3 +419,16 @@ class TensorCallWatch(_LargestTensor, TorchFunctionMode):
         out = func(*args, **(kwargs or {}))
         self._record(out)
         return out
+
+
+# ---- lesson 13: course objects that the grader hands to the learner's code ---------------------------------
+
+LEARNER_TOOLS = ("attn_course.ring_sim",)
+"""Modules whose code the learner's code may run inside a forbidden ``attn_course``: the grader passes their
+objects as arguments (13.6 hands each rank a :class:`attn_course.ring_sim.SimulatedRing`). They hold no
+answers; they only play the part of another library (here ``torch.distributed``)."""
+
+
+@lru_cache(maxsize=None)
+def _learner_tool_files() -> frozenset[str]:
+    return frozenset(os.path.abspath(importlib.import_module(m).__file__) for m in LEARNER_TOOLS)

@@ -12,7 +12,10 @@ import math
 
 import torch
 
-from ..spec import Case, Exercise, FORBID_COURSE, Verdict, close, diagnose, randint, choice
+from ...ring_sim import run_ring
+from ..guard import TensorCallWatch
+from ..spec import (Case, Exercise, FORBID_COURSE, NotTiled, Verdict, choice, close, diagnose, distinct, draw,
+                    first_match, randint)
 
 __all__ = ["EXERCISES"]
 
@@ -80,11 +83,11 @@ def _merge_judge(got, want, case):
         right_elsewhere = close(got["out"][fine], want["out"][fine], atol=1e-8, rtol=1e-6) and close(
             got["lse"][fine], want["lse"][fine])
         if right_elsewhere:
-            return Verdict(False, "right on every row where both parts saw keys (the sigmoid form of "
-                                  "ring-flash-attention's update is fine there), but a part with no visible key "
-                                  "has lse = −∞, and there your merge gives NaN or a wrong value: the course's ring "
-                                  "starts from lse = −∞, so handle it (torch.logaddexp, or weigh by e^{lse_i − lse} "
-                                  "with a row of no keys at all kept at zero).")
+            return Verdict(False, "right on every row where both parts saw keys, but a part with no visible key "
+                                  "has lse = −∞, and there your merge gives NaN or a wrong value (the sigmoid form "
+                                  "of ring-flash-attention's update, exact elsewhere, computes −∞ − (−∞) there): "
+                                  "the course's ring starts from lse = −∞, so handle it — torch.logaddexp, and "
+                                  "weights e^{lse_i − lse} with a row of no keys at all kept at zero.")
     if ok_out:
         return diagnose(got["lse"], [
             ("the merged lse is log(e^{lse1} + e^{lse2}) (torch.logaddexp), not the max of the two.",
@@ -138,11 +141,14 @@ def _sched_judge(got, want, case):
 # ---- 13_zigzag_positions ------------------------------------------------------------------------------
 
 def _zig_cases(gen):
-    out = []
-    for P in (2, randint(gen, 3, 4), randint(gen, 3, 5), randint(gen, 4, 8)):
+    def one(gen, P):
         r, L = randint(gen, 0, P - 1), 2 * P * randint(gen, 1, 4)
-        out.append(Case(f"rank {r} of P={P}, L={L}", params={"rank": r, "world": P, "L": L}))
-    return out
+        case = Case(f"rank {r} of P={P}, L={L}", params={"rank": r, "world": P, "L": L})
+        return case, distinct(*(tuple(x.tolist()) for x in [_zig_expected(case)["positions"]] + _zig_mistakes(r, P, L)))
+    # on no case do two of the mistakes the judge names give the same positions (P = 2, rank 0: the
+    # contiguous layout is chunks 0, 1 — and so is the mirror P − 1 − r), so each hint can be told apart
+    return [draw(gen, lambda g: one(g, P), lambda x: x[1])[0]
+            for P in (2, randint(gen, 3, 4), randint(gen, 3, 5), randint(gen, 4, 8))]
 
 
 def _zig_answer(fn, case):
@@ -160,30 +166,39 @@ def _zig_expected(case):
     return {"positions": _zig(p["rank"], p["world"], p["L"], p["rank"], 2 * p["world"] - 1 - p["rank"])}
 
 
+def _zig_mistakes(r, P, L):
+    """The positions each mistake the judge names gives, in the order of its hints."""
+    c = L // P
+    return [torch.arange(r * c, (r + 1) * c), _zig(r, P, L, 2 * P - 1 - r, r), _zig(r, P, L, r, P - 1 - r)]
+
+
+_ZIG_HINTS = ("that is the contiguous layout: zigzag cuts L into 2P chunks and gives rank r chunks r and 2P−1−r.",
+              "right chunks, wrong order: concatenate chunk r first, then chunk 2P−1−r.",
+              "the mirror of chunk r among 2P chunks is 2P−1−r, not P−1−r.")
+
+
 def _zig_judge(got, want, case):
     if close(got["positions"], want["positions"]):
         return Verdict(True)
     r, P, L = case.params["rank"], case.params["world"], case.params["L"]
-    c = L // P
-    return diagnose(got["positions"], [
-        ("that is the contiguous layout: zigzag cuts L into 2P chunks and gives rank r chunks r and 2P−1−r.",
-         torch.arange(r * c, (r + 1) * c)),
-        ("right chunks, wrong order: concatenate chunk r first, then chunk 2P−1−r.",
-         _zig(r, P, L, 2 * P - 1 - r, r)),
-        ("the mirror of chunk r among 2P chunks is 2P−1−r, not P−1−r.", _zig(r, P, L, r, P - 1 - r)),
-    ], "rank r holds chunk r and chunk 2P−1−r of the 2P equal chunks, in that order.", same=close)
+    return diagnose(got["positions"], list(zip(_ZIG_HINTS, _zig_mistakes(r, P, L))),
+                    "rank r holds chunk r and chunk 2P−1−r of the 2P equal chunks, in that order.", same=close)
 
 
 # ---- 13_ring_bytes ------------------------------------------------------------------------------------
 
 def _bytes_cases(gen):
-    P1, P2, P3 = choice(gen, (4, 8)), choice(gen, (4, 8, 16)), randint(gen, 3, 7)     # P = 2: P hops = a shard of L
-    cfgs = [(P1, 1, choice(gen, (8, 16)), P1 * 512 * randint(gen, 1, 8), 64, 2),
-            (P2, randint(gen, 2, 4), 32, P2 * 1024 * randint(gen, 4, 32), 128, 2),
-            (P3, 1, randint(gen, 2, 9), P3 * randint(gen, 4, 40), 16, 4)]
-    return [Case(f"P={P}, B={B}, H={H}, L={L}, E={E}, {nb} B/elem",
-                 params={"world": P, "batch": B, "heads": H, "seq_len": L, "head_dim": E, "elem_bytes": nb})
-            for P, B, H, L, E, nb in cfgs]
+    def one(gen, P, B, H, per_rank, E, nb):
+        p = {"world": P, "batch": B, "heads": H, "seq_len": P * per_rank, "head_dim": E, "elem_bytes": nb}
+        return p, distinct(_bytes_formula(**p), *(value for _, value in _bytes_mistakes(p)))
+    # P = 2: P hops give a shard of L; P = 4: Ulysses' volume equals K alone — on no case do two mistakes the
+    # judge names coincide (or one coincide with the answer), so each hint can be told apart
+    makers = [lambda g: one(g, choice(g, (4, 8, 16)), 1, choice(g, (8, 16)), 512 * randint(g, 1, 8), 64, 2),
+              lambda g: one(g, choice(g, (4, 8, 16)), randint(g, 2, 4), 32, 1024 * randint(g, 4, 32), 128, 2),
+              lambda g: one(g, randint(g, 3, 7), 1, randint(g, 2, 9), randint(g, 4, 40), 16, 4)]
+    params = [draw(gen, make, lambda x: x[1])[0] for make in makers]
+    return [Case(f"P={p['world']}, B={p['batch']}, H={p['heads']}, L={p['seq_len']}, E={p['head_dim']}, "
+                 f"{p['elem_bytes']} B/elem", params=p) for p in params]
 
 
 def _bytes_answer(fn, case):
@@ -202,11 +217,9 @@ def _bytes_expected(case):
     return {"bytes": torch.tensor(_bytes_formula(**case.params), dtype=torch.int64)}
 
 
-def _bytes_judge(got, want, case):
-    g, p = int(got["bytes"]), case.params
-    if g == int(want["bytes"]):
-        return Verdict(True)
-    for hint, value in [
+def _bytes_mistakes(p):
+    """(hint, value) for each mistake the judge names."""
+    return [
         ("P hops would send a shard back home: after P − 1 hops every rank has seen every shard.",
          _bytes_formula(**p, hops=p["world"])),
         ("both K and V travel: 2 tensors per hop.", _bytes_formula(**p, tensors=1)),
@@ -214,7 +227,14 @@ def _bytes_judge(got, want, case):
         ("that is Ulysses' volume (4·(P−1)/P of a shard); the ring sends its K and V shard P − 1 times.",
          4 * (p["world"] - 1) * p["batch"] * p["heads"] * (p["seq_len"] // p["world"]) * p["head_dim"]
          * p["elem_bytes"] // p["world"]),
-    ]:
+    ]
+
+
+def _bytes_judge(got, want, case):
+    g, p = int(got["bytes"]), case.params
+    if g == int(want["bytes"]):
+        return Verdict(True)
+    for hint, value in _bytes_mistakes(p):
         if g == value:
             return Verdict(False, hint)
     return Verdict(False, "bytes = (P − 1) hops × 2 tensors (K, V) × B·H·(L/P)·E elements × bytes per element.")
@@ -259,6 +279,149 @@ def _blocks_judge(got, want, case):
     ], "query shard r needs shards s < r fully, its own shard causally, and never s > r.", same=close)
 
 
+# ---- 13_ring_loop (build: the ring loop on a simulated ring) ------------------------------------------
+
+def _loop_cases(gen):
+    def one(gen):
+        P, c, E, Ev = randint(gen, 3, 5), randint(gen, 3, 6), randint(gen, 3, 6), randint(gen, 3, 6)
+        # every tensor an honest rank needs (a c×c block of scores, [k | v] side by side) is smaller than
+        # the limit (a gathered K or V, or the c × L score rows), so the limit only catches a gather
+        return P, c, E, Ev, max(c * c, c * (E + Ev)) < c * P * min(E, Ev, c)
+    out = []
+    for causal in (False, True, True):
+        P, c, E, Ev, _ = draw(gen, one, lambda x: x[4])
+        B, H = randint(gen, 1, 2), randint(gen, 1, 2)
+        L = P * c
+        q, k = (torch.randn(B, H, L, E, generator=gen, dtype=_F64) for _ in range(2))
+        v = torch.randn(B, H, L, Ev, generator=gen, dtype=_F64)
+        out.append(Case(f"P={P} ranks, L={L}, (B, H, E, Ev)=({B}, {H}, {E}, {Ev}), causal={causal}",
+                        {"q": q, "k": k, "v": v}, {"world": P, "causal": causal}))
+    return out
+
+
+def _loop_limit(case):
+    """Elements of the smallest tensor that only a gather makes: the whole K or V, or c × L score rows."""
+    B, H, L, E = case.inputs["q"].shape
+    Ev, c = case.inputs["v"].shape[-1], L // case.params["world"]
+    return B * H * min(L * E, L * Ev, c * L)
+
+
+def _loop_answer(fn, case):
+    i, P = case.inputs, case.params["world"]
+    cut = lambda x: list(x.chunk(P, dim=-2))                            # noqa: E731 — contiguous shards
+    with TensorCallWatch() as watch:
+        results, passes = run_ring(fn, cut(i["q"]), cut(i["k"]), cut(i["v"]), case.params["causal"])
+    limit = _loop_limit(case)
+    if watch.largest_numel >= limit:
+        raise NotTiled(f"a rank created a tensor of shape {watch.largest_shape} ({watch.largest_numel} elements), "
+                       f"as large as the whole K or V, or its queries' scores against ALL keys ({limit} "
+                       f"elements): a rank holds one K/V shard at a time and never gathers them.")
+    return {"out": torch.cat([r[0] for r in results], dim=-2), "lse": torch.cat([r[1] for r in results], dim=-1),
+            "passes": torch.tensor(passes, dtype=torch.int64)}
+
+
+def _loop_expected(case):
+    i, P = case.inputs, case.params["world"]
+    L = i["q"].shape[-2]
+    keep = torch.ones(L, L, dtype=torch.bool)
+    if case.params["causal"]:
+        keep = keep.tril()
+    out, lse = _partial(i["q"], i["k"], i["v"], keep)                 # full attention, straight from the formula
+    return {"out": out, "lse": lse, "passes": torch.full((P,), P - 1, dtype=torch.int64)}
+
+
+def _rule(r, s):
+    """The causal rule of 13.5 (contiguous layout) for query shard r and key shard s."""
+    return FULL if s < r else DIAGONAL if s == r else SKIP
+
+
+def _ring_model(case, kind=None, merge="lse", scale=True):
+    """What a ring loop returns when rank r treats the shard it holds at step t (the one of rank
+    (r − t) mod P) by ``kind(r, t)`` and merges the blocks by ``merge``: {"out", "lse"} in fp64."""
+    i, P, causal = case.inputs, case.params["world"], case.params["causal"]
+    qs, ks, vs = (list(x.chunk(P, dim=-2)) for x in (i["q"], i["k"], i["v"]))
+    c = qs[0].shape[-2]
+    if kind is None:
+        kind = (lambda r, t: _rule(r, (r - t) % P)) if causal else (lambda r, t: FULL)
+    res = {"out": [], "lse": [], "lse max": [], "lse last": []}
+    for r in range(P):
+        blocks = []
+        for t in range(P):
+            s, how = (r - t) % P, kind(r, t)
+            if how == SKIP:
+                continue
+            keep = torch.ones(c, c, dtype=torch.bool)
+            q = qs[r] if scale else qs[r] * math.sqrt(qs[r].shape[-1])
+            blocks.append(_partial(q, ks[s], vs[s], keep.tril() if how == DIAGONAL else keep))
+        out = torch.zeros(*qs[r].shape[:-1], vs[0].shape[-1], dtype=_F64)
+        lse = torch.full(qs[r].shape[:-1], _NEG_INF, dtype=_F64)
+        for n, (o, l) in enumerate(blocks):
+            if merge == "lse":
+                out, lse = _merge_ref(out, lse, o, l)
+            elif merge == "lse max":                                   # the running lse kept as a max
+                out, lse = _merge_ref(out, lse, o, l)[0], torch.maximum(lse, l)
+            else:                                                      # no lse: a mean, a running halving, a sum
+                out = {"mean": out + o / len(blocks), "sum": out + o, "halves": o if n == 0 else (out + o) / 2}[merge]
+                lse = torch.logaddexp(lse, l)
+        res["out"].append(out)
+        res["lse"].append(lse)
+        res["lse max"].append(torch.stack([l for _, l in blocks]).amax(0) if blocks else lse)
+        res["lse last"].append(blocks[-1][1] if blocks else lse)
+    return {key: torch.cat(parts, dim=-2 if key == "out" else -1) for key, parts in res.items()}
+
+
+def _loop_judge(got, want, case):
+    P, causal = case.params["world"], case.params["causal"]
+    short = [(r, int(n)) for r, n in enumerate(got["passes"].tolist()) if n != P - 1]
+    if short:
+        r, n = short[0]
+        return Verdict(False, f"rank {r} called ring.pass_on() {n} times: every rank passes its shard on P − 1 = "
+                              f"{P - 1} times — in a real ring the ranks after it wait for the shards it relays, "
+                              f"even those it skips.")
+    ok_out = close(got["out"], want["out"], atol=1e-8, rtol=1e-6)
+    ok_lse = close(got["lse"], want["lse"], atol=1e-8, rtol=1e-6)
+    if ok_out and ok_lse:
+        return Verdict(True)
+    lse_max = "the running lse is logaddexp(lse, lse_block), not the max of the two."
+    if ok_out:
+        blocks = _ring_model(case)
+        return diagnose(got["lse"], [(lse_max, blocks["lse max"]),
+                                     ("return the MERGED lse, not the last block's.", blocks["lse last"])],
+                        "the output is right; return the merged log-sum-exp too: lse ← logaddexp(lse, lse_block).")
+
+    def model(**kw):
+        return _ring_model(case, **kw)["out"]
+    averaging = ("the blocks are merged without their log-sum-exps (an average or a sum): each block's output is "
+                 "normalised over its OWN keys, so weigh it by its share of the mass — out ← e^{lse − lse_new}·out "
+                 "+ e^{lse_b − lse_new}·out_b with lse_new = logaddexp(lse, lse_b).")
+    cands = [(averaging, model(merge=m)) for m in ("mean", "halves", "sum")]
+    cands.append((lse_max + " (The weights e^{lse − lse_new} then come out wrong.)", model(merge="lse max")))
+    cands.append(("the scores are not scaled: multiply q kᵀ by 1/√E.", model(scale=False)))
+    if causal:
+        src = lambda r, t: (r - t) % P                                 # noqa: E731
+        cands += [
+            ("the diagonal block (the rank's own shard) must be causal: mask keys after the query inside it.",
+             model(kind=lambda r, t: FULL if src(r, t) <= r else SKIP)),
+            ("the causal mask is missing: skip the shards of later ranks and mask the diagonal block.",
+             model(kind=lambda r, t: FULL)),
+            ("shards of LATER ranks hold keys in the queries' future: skip them — or, if you skip by the shard's "
+             "index, take (r − t) mod P: without the mod, r − t goes negative and every shard looks earlier.",
+             model(kind=lambda r, t: DIAGONAL if src(r, t) == r else FULL)),
+            ("the rank's own shard is needed (causally masked on its diagonal): it cannot be skipped.",
+             model(kind=lambda r, t: FULL if src(r, t) < r else SKIP)),
+            ("wrong shard index: at step t rank r holds the shard that started on rank (r − t) mod P (shards "
+             "travel to r + 1), not (r + t) mod P — so the wrong blocks were skipped.",
+             model(kind=lambda r, t: _rule(r, (r + t) % P))),
+        ]
+    hint = first_match(got["out"], cands)
+    if hint is None and bool(torch.isnan(got["out"]).any()):
+        hint = ("NaN: in a block where a query sees no key (all −∞) the softmax is NaN — skip blocks wholly "
+                "in the future, and merge so that a part with lse = −∞ weighs e^{−∞} = 0 (start from out = 0, "
+                "lse = −∞).")
+    return Verdict(False, hint or "the output differs from full attention: at each step compute the block "
+                                  "(q·kᵀ/√E, the causal rule of 13.5), its lse, and merge by log-sum-exp.")
+
+
 EXERCISES = [
     Exercise("13_merge_partials", 3, "Merge two partial attentions by their log-sum-exp",
              "a function merge(out1, lse1, out2, lse2) -> (out, lse)",
@@ -275,4 +438,7 @@ EXERCISES = [
     Exercise("13_causal_blocks", 2, "Find the bug: the causal skip rule",
              "a function block_kind(rank, src, world) -> 0 (skip), 1 (diagonal) or 2 (full)",
              _blocks_cases, _blocks_answer, _blocks_expected, _blocks_judge, forbidden=FORBID_COURSE, kind="debug"),
+    Exercise("13_ring_loop", 4, "Build the ring loop on a simulated ring",
+             "a function ring_forward(q, rank, world, ring, causal) -> (out, lse)",
+             _loop_cases, _loop_answer, _loop_expected, _loop_judge, forbidden=FORBID_COURSE, kind="build"),
 ]
