@@ -16,7 +16,8 @@ import re
 from . import __version__
 
 __all__ = ["REPOSITORY", "git_ref", "install_spec", "colab_url", "badge_markdown", "stamp_setup_source",
-           "stamp_badge_source", "restamp_badges", "BADGE_IMAGE"]
+           "stamp_badge_source", "restamp_badges", "BADGE_IMAGE", "site_url", "site_link_markdown",
+           "restamp_site_links"]
 
 # Change this line when the repository is published under another owner/name (GitHub "owner/name").
 REPOSITORY = "attn-course/attn_course"
@@ -24,6 +25,7 @@ REPOSITORY = "attn-course/attn_course"
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 _BADGE_LINE = re.compile(r"^\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)[ \t]*$", re.MULTILINE)
 _INSTALL = re.compile(r'"git\+https://[^"]*"')
+_SITE_LINK = re.compile(r"^\*\*Read the course online:\*\* .*$", re.MULTILINE)
 
 
 def git_ref(version: str | None = None) -> str:
@@ -39,6 +41,24 @@ def install_spec(version: str | None = None, repository: str | None = None) -> s
 def colab_url(path: str, version: str | None = None, repository: str | None = None) -> str:
     """Colab's URL for ``path`` (relative to the repository root, e.g. ``notebooks/01_x.ipynb``) at the tag."""
     return f"https://colab.research.google.com/github/{repository or REPOSITORY}/blob/{git_ref(version)}/{path}"
+
+
+def site_url(repository: str | None = None) -> str:
+    """The course website (``make book``, published by .github/workflows/pages.yml to GitHub Pages):
+    ``https://<owner>.github.io/<name>/`` (GitHub lowercases the owner in Pages host names)."""
+    owner, name = (repository or REPOSITORY).split("/")
+    return f"https://{owner.lower()}.github.io/{name}/"
+
+
+def site_link_markdown(repository: str | None = None) -> str:
+    """One markdown line linking the website, as the README carries it."""
+    url = site_url(repository)
+    return f"**Read the course online:** [{url}]({url}) — every lesson with its outputs, no install needed."
+
+
+def restamp_site_links(text: str, repository: str | None = None) -> str:
+    """``text`` with every existing "Read the course online" line replaced by :func:`site_link_markdown`."""
+    return _SITE_LINK.sub(lambda _: site_link_markdown(repository), text)
 
 
 def badge_markdown(path: str, version: str | None = None, repository: str | None = None) -> str:
