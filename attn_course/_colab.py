@@ -4,7 +4,8 @@ Every notebook's setup cell installs ``attn_course`` with pip when it is missing
 notebook's first markdown cell carries an "Open in Colab" badge. Both are stamped into the notebooks by
 ``attn-course release`` from the values below (``attn-course release --check`` fails when a notebook
 carries a stale stamp), so publishing the repository elsewhere means changing ``REPOSITORY`` and
-re-running ``attn-course release``.
+re-running ``attn-course release``. The course website's address (:func:`site_url`, GitHub Pages:
+``https://<owner>.github.io/<name>/``) derives from it too; ``attn-course release`` stamps it into the README.
 
 The install is pinned to the git tag ``v<version>`` of the package version, so a lesson's committed
 outputs come from the same code Colab installs. Tag every release: ``git tag v0.1.0 && git push --tags``.

@@ -155,10 +155,10 @@ def _stage_cells(nb: dict, header: str) -> None:
             cell["outputs"] = outputs
 
 
-def lesson_table(items: list[Lesson]) -> str:
+def lesson_table(items: list[Lesson], root: Path = ROOT) -> str:
     """The landing page's lesson table and the course's table of contents (MyST)."""
     colab = _colab()
-    descriptions = _readme_descriptions()
+    descriptions = _readme_descriptions(root)
     rows = ["| # | lesson | what you build and measure | exercises | Colab |", "|---|---|---|---|---|"]
     for l in items:
         page = f"[{l.title}]({l.notebook})" if l.notebook else f"{l.title} (exercises only)"
@@ -228,7 +228,7 @@ def mathjax_source() -> Path:
 def stage(dest: Path, root: Path = ROOT) -> list[Lesson]:
     """Stage the site's sources into ``dest`` (see the module docstring); remove anything stale there."""
     dest = Path(dest).resolve()
-    if dest == root.resolve() or root.resolve() not in dest.parents or (root / "docs").resolve() in (dest, *dest.parents):
+    if (root / "build").resolve() not in dest.parents:          # it deletes what it did not write there
         raise ValueError(f"refusing to stage the site into {dest}: use a folder under {root / 'build'}")
     items = lessons(root)
     written: set[Path] = set()
@@ -238,7 +238,7 @@ def stage(dest: Path, root: Path = ROOT) -> list[Lesson]:
         target = dest / "index.md" if page.stem == "index" else dest / "docs" / page.name
         _write(target, page.read_bytes(), written)
     stems = guides(root)
-    _write(dest / "_generated" / "lessons.md", lesson_table(items), written)
+    _write(dest / "_generated" / "lessons.md", lesson_table(items, root), written)
     _write(dest / "_generated" / "clone.md", clone_block(), written)
     _write(dest / "_generated" / "guides.md", guide_toctree(stems), written)
     _write(dest / "_generated" / "guide_list.md", guide_list(root, stems), written)

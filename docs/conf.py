@@ -23,7 +23,7 @@ copyright = "the attn_course authors, MIT licence"
 release = version = __version__
 html_title = "Attention mechanisms in PyTorch"
 
-extensions = ["myst_nb", "sphinx.ext.autodoc", "sphinx.ext.napoleon", "sphinx.ext.mathjax", "sphinx.ext.viewcode"]
+extensions = ["myst_nb", "sphinx.ext.autodoc", "sphinx.ext.napoleon", "sphinx.ext.mathjax", "sphinx.ext.githubpages"]
 root_doc = "index"
 exclude_patterns = ["_raw/**", "_generated/**", "_mathjax/**", "_assets/**", "**/.ipynb_checkpoints"]
 
