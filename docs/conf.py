@@ -38,6 +38,8 @@ myst_dmath_double_inline = True
 
 # Math: MathJax 3 from the pip package django-static-mathjax, staged into _static/mathjax/ (book.stage)
 mathjax_path = "mathjax/tex-chtml.js"
+# An undefined macro is a TeX error (shown as one, and caught by the browser test), not its name in red
+mathjax3_config = {"tex": {"packages": {"[-]": ["noundefined"]}}}
 
 # API reference: autodoc, members as listed in each module's __all__
 autodoc_member_order = "bysource"
