@@ -73,6 +73,19 @@ def _stage(app, config):
           f"{sum(bool(i.exercises) for i in items)} exercise notebooks into {app.srcdir}")
 
 
+def _prune(app, exc):
+    """Delete pages left in the output by a source that is gone (a renamed lesson): Sphinx keeps them."""
+    if exc is not None or app.builder.format != "html":
+        return
+    outdir = Path(app.outdir)
+    keep = {f"{doc}.html" for doc in app.env.found_docs} | {"genindex.html", "search.html", "py-modindex.html"}
+    for page in outdir.rglob("*.html"):
+        rel = page.relative_to(outdir).as_posix()
+        if not rel.startswith("_") and rel not in keep:
+            page.unlink()
+
+
 def setup(app):
     app.connect("config-inited", _stage)
     app.connect("autodoc-process-docstring", _plain_signatures)
+    app.connect("build-finished", _prune)
