@@ -183,7 +183,7 @@ def clone_block() -> str:
     """The commands that run the course locally, for the repository ``attn_course._colab`` names."""
     repo = _colab().REPOSITORY
     return (f"```bash\ngit clone https://github.com/{repo}.git && cd {repo.split('/')[1]}\n"
-            "make lab     # creates .venv, installs torch, the course and JupyterLab, and serves JupyterLab here\n```\n")
+            "make lab     # creates .venv, installs the course and JupyterLab, serves it\n```\n")
 
 
 def guides(root: Path = ROOT) -> list[str]:
