@@ -24,9 +24,10 @@ PROBE_DIR    := build/ipython
 PROBE        := $(PROBE_DIR)/profile_default/startup/00-attn-course-device-probe.py
 DEVICE_PROBE := IPYTHONDIR=$(CURDIR)/$(PROBE_DIR)
 
-.PHONY: setup lab test test-unit test-notebooks test-portable test-browser release bench bench-full clean
+.PHONY: setup lab test test-unit test-notebooks test-portable test-browser book test-book release bench bench-full clean
 
-# Stamps: .torch (venv + torch), .lab (the course + JupyterLab), .dev (+ test tools and triton; implies .lab)
+# Stamps: .torch (venv + torch), .lab (the course + JupyterLab), .book (the course + the website's tools),
+# .dev (+ test tools and triton; implies .lab and .book)
 $(VENV)/.torch:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -43,9 +44,13 @@ $(VENV)/.lab: $(VENV)/.torch pyproject.toml
 	PYTHONWARNINGS=ignore::UserWarning $(BIN)/python -m pip install --quiet $(EDITABLE) -e ".[lab]"
 	touch $@
 
+$(VENV)/.book: $(VENV)/.torch pyproject.toml
+	PYTHONWARNINGS=ignore::UserWarning $(BIN)/python -m pip install --quiet $(EDITABLE) -e ".[book]"
+	touch $@
+
 $(VENV)/.dev: $(VENV)/.torch pyproject.toml
-	PYTHONWARNINGS=ignore::UserWarning $(BIN)/python -m pip install --quiet $(EDITABLE) -e ".[lab,dev,triton]"
-	touch $@ $(VENV)/.lab
+	PYTHONWARNINGS=ignore::UserWarning $(BIN)/python -m pip install --quiet $(EDITABLE) -e ".[lab,dev,triton,book]"
+	touch $@ $(VENV)/.lab $(VENV)/.book
 
 setup: $(VENV)/.dev
 
@@ -64,7 +69,7 @@ lab: $(VENV)/.lab
 
 test: setup
 	$(BIN)/attn-course release --check
-	$(MAKE) test-unit test-notebooks test-portable test-browser
+	$(MAKE) test-unit test-notebooks test-portable test-browser test-book
 
 test-unit: setup
 	$(BIN)/python -m pytest tests --ignore=tests/browser -n $(JOBS) -q
@@ -83,7 +88,20 @@ test-portable: setup $(PROBE)
 # Every lesson Run All in JupyterLab in headless Chromium, one at a time (tests/browser). Without a
 # Chromium it skips with a reason; .ci/run installs Debian's and sets ATTN_COURSE_REQUIRE_BROWSER=1.
 test-browser: setup
-	$(BIN)/python -m pytest tests/browser -n 0 -q -p no:cacheprovider
+	$(BIN)/python -m pytest tests/browser --ignore=tests/browser/test_book.py -n 0 -q -p no:cacheprovider
+
+# The course website (docs/about.md): docs/ and the committed notebooks, never executed, staged into
+# $(BOOK_SRC) by docs/conf.py and rendered by Sphinx + MyST-NB into $(BOOK). Offline; a warning is an error.
+# test-book opens every page in headless Chromium (tests/browser/test_book.py); screenshots: build/book/screenshots/
+BOOK_SRC := build/book/src
+BOOK     := build/book/html
+book: $(VENV)/.book
+	mkdir -p $(BOOK_SRC)
+	$(BIN)/sphinx-build -W --keep-going -q -b html -c docs $(BOOK_SRC) $(BOOK)
+	@echo "the website is in $(BOOK)/index.html"
+
+test-book: setup book
+	$(BIN)/python -m pytest tests/browser/test_book.py -n 0 -q -p no:cacheprovider
 
 release: setup
 	$(BIN)/attn-course release

@@ -4,7 +4,8 @@ Every notebook's setup cell installs ``attn_course`` with pip when it is missing
 notebook's first markdown cell carries an "Open in Colab" badge. Both are stamped into the notebooks by
 ``attn-course release`` from the values below (``attn-course release --check`` fails when a notebook
 carries a stale stamp), so publishing the repository elsewhere means changing ``REPOSITORY`` and
-re-running ``attn-course release``.
+re-running ``attn-course release``. The course website's address (:func:`site_url`, GitHub Pages:
+``https://<owner>.github.io/<name>/``) derives from it too; ``attn-course release`` stamps it into the README.
 
 The install is pinned to the git tag ``v<version>`` of the package version, so a lesson's committed
 outputs come from the same code Colab installs. Tag every release: ``git tag v0.1.0 && git push --tags``.
@@ -16,7 +17,8 @@ import re
 from . import __version__
 
 __all__ = ["REPOSITORY", "git_ref", "install_spec", "colab_url", "badge_markdown", "stamp_setup_source",
-           "stamp_badge_source", "restamp_badges", "stamp_colab_links", "BADGE_IMAGE"]
+           "stamp_badge_source", "restamp_badges", "stamp_colab_links", "BADGE_IMAGE", "site_url",
+           "site_link_markdown", "restamp_site_links"]
 
 # Change this line when the repository is published under another owner/name (GitHub "owner/name").
 REPOSITORY = "attn-course/attn_course"
@@ -35,6 +37,7 @@ _INSTALL_CALL_END = re.compile(r'("git\+https://[^"]*"\],[^\n]*check=True\)\n)(?
 # ``05_x.ipynb``), not already followed by its Colab link: relative links do not resolve inside Colab.
 _NOTEBOOK_LINK = re.compile(r"\]\(((?:\.\./)?(?:notebooks/|exercises/|solutions/)?\d\d_[A-Za-z0-9_]+\.ipynb)(#[^)\s]*)?\)"
                             r"(?! \(\[Colab\])")
+_SITE_LINK = re.compile(r"^\*\*Read the course online:\*\* .*$", re.MULTILINE)
 
 
 def git_ref(version: str | None = None) -> str:
@@ -50,6 +53,24 @@ def install_spec(version: str | None = None, repository: str | None = None) -> s
 def colab_url(path: str, version: str | None = None, repository: str | None = None) -> str:
     """Colab's URL for ``path`` (relative to the repository root, e.g. ``notebooks/01_x.ipynb``) at the tag."""
     return f"https://colab.research.google.com/github/{repository or REPOSITORY}/blob/{git_ref(version)}/{path}"
+
+
+def site_url(repository: str | None = None) -> str:
+    """The course website (``make book``, published by .github/workflows/pages.yml to GitHub Pages):
+    ``https://<owner>.github.io/<name>/`` (GitHub lowercases the owner in Pages host names)."""
+    owner, name = (repository or REPOSITORY).split("/")
+    return f"https://{owner.lower()}.github.io/{name}/"
+
+
+def site_link_markdown(repository: str | None = None) -> str:
+    """One markdown line linking the website, as the README carries it."""
+    url = site_url(repository)
+    return f"**Read the course online:** [{url}]({url}) — every lesson with its outputs, no install needed."
+
+
+def restamp_site_links(text: str, repository: str | None = None) -> str:
+    """``text`` with every existing "Read the course online" line replaced by :func:`site_link_markdown`."""
+    return _SITE_LINK.sub(lambda _: site_link_markdown(repository), text)
 
 
 def badge_markdown(path: str, version: str | None = None, repository: str | None = None) -> str:

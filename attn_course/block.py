@@ -14,6 +14,7 @@ The block has no KV cache: :meth:`TransformerBlock.forward` recomputes every pos
 ``generate`` re-runs its context window); lessons 03 and 09 show the cache on ``GroupedQueryAttention``.
 
 References:
+
 - Xiong et al. 2020, "On Layer Normalization in the Transformer Architecture" (arXiv:2002.04745v2): the
   analysis of pre-norm, which GPT-2 (Radford et al. 2019) and Baevski & Auli 2019 already used.
 - Henry, Dachapally, Pawar, Chen 2020, "Query-Key Normalization for Transformers" (arXiv:2010.04245).
@@ -70,7 +71,7 @@ class TransformerBlock(nn.Module):
             by the heads, as timm's ``q_norm``/``k_norm``), before RoPE. Off: ``nn.Identity``.
         rope: rotate q and k by their positions 0..L-1 (:func:`attn_course.rope.apply_rope`, half-split).
         window: if set, query i sees only keys with i − j < window (a sliding window, Mistral); with
-            ``is_causal=False`` the band |i − j| < window.
+            ``is_causal=False`` the band ``|i − j| < window``.
         dropout: dropout on the attention weights while training.
         rope_interleaved: use the interleaved (GPT-J / complex) RoPE convention instead of the half-split.
 

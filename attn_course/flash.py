@@ -59,12 +59,14 @@ def online_softmax_step(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, S: 
     Works in base 2, as FlashAttention kernels do: ``S`` holds the scaled scores times ``log2(e)``, so that
     ``exp2(S − m)`` equals ``exp(S_nat − m_nat)`` — and ``exp2`` is cheaper than ``exp``.
 
-    Args (``N`` = batch × heads):
+    Shapes use ``N`` = batch × heads.
+
+    Args:
         m: running row maximum ``(N, B_r, 1)`` in base-2 units (−∞ before the first tile).
         l: running denominator ``(N, B_r, 1)`` (0 before the first tile).
         acc: unnormalised output ``Õ`` ``(N, B_r, D)`` (0 before the first tile); updated in place.
         S: this tile's scores ``Q_i K_jᵀ · scale · log2(e)``, ``(N, B_r, B_c)``, −∞ where masked.
-           Overwritten in place (it becomes ``P̃``), so pass a tensor you no longer need.
+            Overwritten in place (it becomes ``P̃``), so pass a tensor you no longer need.
         V: the tile's values ``(N, B_c, D)``.
 
     Returns ``(m_new, l_new, acc_new)``. A row that has seen only −∞ so far keeps ``m = −∞``, ``l = 0``

@@ -6,6 +6,7 @@ i // G. H_kv = H is ordinary multi-head attention, H_kv = 1 is multi-query atten
 are cached while decoding, so the cache shrinks by the factor G, which is the whole point.
 
 References:
+
 - Ainslie et al. 2023, "GQA: Training Generalized Multi-Query Transformer Models from Multi-Head
   Checkpoints", §2 (grouping; up-training by mean-pooling the key/value heads of a group).
 - Shazeer 2019, "Fast Transformer Decoding: One Write-Head is All You Need" (MQA).

@@ -38,7 +38,7 @@ def sliding_window_mask(q_len: int, window: int, *, causal: bool = True, device=
     """``(q_len, q_len)`` bool local-attention mask.
 
     causal=True: key j visible to query i iff j <= i and i - j < window (the query itself counts);
-    causal=False: iff |i - j| < window.
+    causal=False: iff ``|i - j| < window``.
     """
     positive_int("q_len", q_len)
     positive_int("window", window)

@@ -1,7 +1,9 @@
 """Absolute and relative position signals besides RoPE: sinusoidal embeddings and ALiBi biases.
 
-Sinusoidal (Vaswani et al. 2017, §3.5):
+Sinusoidal (Vaswani et al. 2017, §3.5)::
+
     PE(p, 2i) = sin(p / base^(2i/d)),   PE(p, 2i+1) = cos(p / base^(2i/d))
+
 (a popular Chinese attention tutorial's ``sinusoidal_embedding_1d`` puts all cosines first, then all sines — the same numbers in
 another channel order; pass ``interleaved=False`` for that layout.)
 

@@ -1,4 +1,4 @@
-"""Sparse attention patterns as FlexAttention ``mask_mod``s and ``score_mod``s (PyTorch ≥ 2.5).
+"""Sparse attention patterns as FlexAttention mask and score modifiers (``mask_mod``, ``score_mod``; PyTorch ≥ 2.5).
 
 FlexAttention (``torch.nn.attention.flex_attention``) takes attention as two small functions instead of
 dense tensors:

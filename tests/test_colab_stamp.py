@@ -144,3 +144,34 @@ def test_links_to_other_notebooks_also_open_in_colab():
                 assert (ROOT / target).exists(), (path.name, target)
                 seen += 1
     assert seen > 50
+
+
+def test_site_url_comes_from_the_repository_setting():
+    owner, name = _colab.REPOSITORY.split("/")
+    assert _colab.site_url() == f"https://{owner.lower()}.github.io/{name}/"
+    assert _colab.site_url("Some-Owner/course") == "https://some-owner.github.io/course/"
+    line = _colab.site_link_markdown("o/r")
+    assert "[https://o.github.io/r/](https://o.github.io/r/)" in line
+    assert _colab.restamp_site_links(f"x\n{line}\ny", "o/r") == f"x\n{line}\ny"          # idempotent
+    assert _colab.restamp_site_links(f"x\n{line}\ny", "p/q") == f"x\n{_colab.site_link_markdown('p/q')}\ny"
+    assert _colab.restamp_site_links("no link here", "p/q") == "no link here"            # nothing added
+
+
+def test_readme_links_the_website_at_the_repository_setting():
+    text = (ROOT / "README.md").read_text()
+    assert text.count(_colab.site_link_markdown()) == 1, "README: the website link, as attn-course release stamps it"
+    assert _colab.site_url() in text.split("## Lessons")[0], "the website link comes before the lesson table"
+
+
+def test_release_restamps_the_readme_website_link(tmp_path, monkeypatch, capsys):
+    (tmp_path / "solutions").mkdir()
+    nbformat.write(_lesson("Lesson 01"), str(tmp_path / "solutions" / "01_a.ipynb"))
+    (tmp_path / "README.md").write_text(f"# Course\n\n{_colab.site_link_markdown('old/place')}\n")
+    assert release(tmp_path, check=True) == 1
+    assert "stale: README.md" in capsys.readouterr().out
+    assert release(tmp_path) == 0 and release(tmp_path, check=True) == 0
+    assert _colab.site_link_markdown() in (tmp_path / "README.md").read_text()
+    monkeypatch.setattr(_colab, "REPOSITORY", "published-owner/attn_course")
+    assert release(tmp_path, check=True) == 1
+    assert release(tmp_path) == 0
+    assert "https://published-owner.github.io/attn_course/" in (tmp_path / "README.md").read_text()

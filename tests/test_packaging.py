@@ -18,7 +18,7 @@ def _pyproject():
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-def _pyproject_requirements(extras=("lab", "dev", "triton")) -> dict[str, Requirement]:
+def _pyproject_requirements(extras=("lab", "dev", "triton", "book")) -> dict[str, Requirement]:
     proj = _pyproject()["project"]
     reqs = list(proj["dependencies"])
     for extra in extras:
@@ -85,7 +85,7 @@ def test_environment_installs_the_package_and_a_supported_python():
 def test_console_script_and_package_data():
     proj = _pyproject()["project"]
     assert proj["scripts"]["attn-course"] == "attn_course.grading.cli:main"
-    assert {"lab", "dev", "triton"} <= set(proj["optional-dependencies"])
+    assert {"lab", "dev", "triton", "book"} <= set(proj["optional-dependencies"])
 
 
 def _make_recipe(target: str) -> list[str]:
@@ -107,7 +107,7 @@ def test_makefile_installs_tested_torch_before_the_package():
     assert re.search(rf"^TORCH_VERSION\s*:=\s*{re.escape(TESTED_TORCH)}\s*$", make, re.M)
     torch_recipe = _make_recipe("$(VENV)/.torch")
     assert any("pip install" in l and "torch==$(TORCH_VERSION) $(TORCH_PIP_FLAGS)" in l for l in torch_recipe)
-    for stamp, extras in (("$(VENV)/.lab", "lab"), ("$(VENV)/.dev", "lab,dev,triton")):
+    for stamp, extras in (("$(VENV)/.lab", "lab"), ("$(VENV)/.book", "book"), ("$(VENV)/.dev", "lab,dev,triton,book")):
         deps = re.search(rf"^{re.escape(stamp)}\s*:(.*)$", make, re.M).group(1).split()
         assert deps[0] == "$(VENV)/.torch" and "pyproject.toml" in deps, stamp
         assert any(re.search(rf'pip install .*\$\(EDITABLE\) -e "\.\[{extras}\]"', l) for l in _make_recipe(stamp)), stamp
@@ -124,6 +124,8 @@ def test_the_lab_extra_holds_no_test_tool():
     test = {canonicalize_name(Requirement(r).name) for r in extras["dev"] + extras["triton"]}
     assert lab == {"jupyterlab", "ipykernel"} and not lab & TEST_TOOLS
     assert TEST_TOOLS <= test
+    book = {canonicalize_name(Requirement(r).name) for r in extras["book"]}     # the website's tools: not for `make lab`
+    assert {"sphinx", "myst-nb"} <= book and not book & lab
 
 
 def _dry_run(tmp_path, *args):
@@ -145,14 +147,15 @@ def test_make_lab_is_light_test_adds_the_tools_and_nothing_is_installed_twice(tm
     with_index = _dry_run(tmp_path, "lab", f"TORCH_INDEX_URL={url}").splitlines()
     assert [l for l in with_index if "--index-url" in l] == [l for l in with_index if "torch==2.13.0" in l]
     assert any(l.endswith(f"torch==2.13.0 --index-url {url}") for l in with_index)
-    assert '".[lab,dev,triton]"' in _dry_run(tmp_path, "setup")
+    assert '".[lab,dev,triton,book]"' in _dry_run(tmp_path, "setup")
     venv = tmp_path / ".venv"                                           # after `make test`: every stamp exists
     venv.mkdir()
-    for stamp in (".torch", ".dev", ".lab"):
+    for stamp in (".torch", ".dev", ".lab", ".book"):
         (venv / stamp).touch()
     lab_again = _dry_run(tmp_path, "lab")
     assert "pip install" not in lab_again and "jupyter lab" in lab_again
     assert "pip install" not in _dry_run(tmp_path, "setup")
+    assert "pip install" not in _dry_run(tmp_path, "book") and "sphinx-build -W" in _dry_run(tmp_path, "book")
 
 
 def test_make_test_runs_the_second_cpu_configuration():

@@ -1,6 +1,6 @@
 """The one runner every benchmark suite uses: how a row is measured, the machine it ran on, the recording format.
 
-A **suite** (:mod:`.attention`, :mod:`.sparse`, :mod:`.linear`) says which rows exist (e.g. one per
+A **suite** (:mod:`~attn_course.bench.attention`, :mod:`~attn_course.bench.sparse`, :mod:`~attn_course.bench.linear`) says which rows exist (e.g. one per
 ``(mode, causal, L)``), how to build each method's call for a row, how to print the table and which targets
 to check. This module measures, records and checks, the same way for all three:
 
@@ -171,7 +171,7 @@ class Case:
 
 @dataclass(frozen=True)
 class Suite:
-    """What a benchmark suite defines; :mod:`.runner` does the rest.
+    """What a benchmark suite defines; this module (:mod:`attn_course.bench.runner`) does the rest.
 
     ``rows(args)`` lists the row keys (dicts) of a run; ``build(method, row, args, device)`` returns a
     :class:`Case`; ``skip(method, row, args)`` a reason not to measure a cell (or None); ``check(rows)``

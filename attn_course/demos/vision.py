@@ -6,7 +6,7 @@ or yellow; exactly ONE glyph is blue: the target. The label is the target's shap
 shape, so counting shapes over the image only says which shape is common, not which one is blue.
 
 The network's front end is fixed and deliberately keeps *colour* and *shape* in separate channels, each
-computed from a tiny neighbourhood (like the colour-opponent and edge cells of the early visual system):
+computed from a tiny neighbourhood (like the colour-opponent and edge cells of the early visual system)::
 
     light–dark, red–green, blue–yellow   1×1 colour-opponent channels of each pixel (signed)
     plus, cross, T, L                    3×3 matched filters on the brightness max_c(x), colour-blind,
@@ -195,7 +195,7 @@ def load_photo(name: str = "grace_hopper.jpg", size: int = 128) -> torch.Tensor:
 
 def photo_features(image: torch.Tensor) -> torch.Tensor:
     """Seven fixed feature maps of an RGB image ``(3, H, W)`` -> ``(1, 7, H, W)``, named in ``FEATURE_NAMES``:
-    the colour channels, brightness, darkness, and |Sobel| vertical / horizontal edges of the brightness.
+    the colour channels, brightness, darkness, and the absolute Sobel vertical / horizontal edges of the brightness.
     Each map is standardised over the image (zero mean, unit variance): positive = more than usual here."""
     x = image[None].float()                                                            # (1, 3, H, W)
     lum = x.mean(dim=1, keepdim=True)                                                  # (1, 1, H, W)

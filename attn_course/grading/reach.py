@@ -1,6 +1,6 @@
 """What the bulk grader will not see: warnings ``check()`` gives before a learner loses points silently.
 
-The grader (:mod:`.runner`) rebuilds each program from the trusted ``solutions/`` notebook and the
+The grader (:mod:`~attn_course.grading.runner`) rebuilds each program from the trusted ``solutions/`` notebook and the
 learner's *exercise cells*, found by their nbgrader ``grade_id``. So two things that work in the learner's
 kernel do not exist there:
 

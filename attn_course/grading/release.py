@@ -16,7 +16,8 @@ records. ``--check`` reports every cell whose metadata disagrees (see :func:`gra
 It also stamps the Colab install source (:mod:`attn_course._colab`, the one place naming the repository
 and the ``v<version>`` tag) into the setup cell of every notebook in ``notebooks/``, ``solutions/`` and
 ``exercises/``, and an "Open in Colab" badge for that notebook into its first markdown cell; ``--check``
-reports a notebook whose stamp is stale. The README's badge line (if it has one) is re-stamped too.
+reports a notebook whose stamp is stale. The README's badge line and its link to the course website (if it has
+them) are re-stamped too (:func:`attn_course._colab.site_url`).
 """
 from __future__ import annotations
 
@@ -265,7 +266,7 @@ def release(root: str | Path | None = None, *, check: bool = False, stream=None)
     if readme.exists():
         from .. import _colab
         current = readme.read_text(encoding="utf-8")
-        text = _colab.restamp_badges(current, README_BADGE_TARGET)
+        text = _colab.restamp_site_links(_colab.restamp_badges(current, README_BADGE_TARGET))
         if text != current:
             stale.append(readme)
             if not check:
