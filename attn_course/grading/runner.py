@@ -382,6 +382,8 @@ def _grade_into(report: dict, sub: Submission, course: Course, opts: Options) ->
         if status.get("capture_error"):
             entry["notes"].append(f"the object to check was not defined: {_short(status['capture_error'])}")
         entry["cases"] = _case_results(ex, cases[i], status, tensors)
+        if ex.measure_fn is not None:                      # the capstone: what was measured, for the leaderboard
+            entry["measured"] = {k: v for c in entry["cases"] for k, v in c.pop("measured", {}).items()}
         findings = static.get(i, [])
         used = sorted({f.api for f in findings} | {str(v) for v in status.get("violations", []) if isinstance(v, str)}
                       & set(ex.forbidden))
@@ -394,8 +396,6 @@ def _grade_into(report: dict, sub: Submission, course: Course, opts: Options) ->
         if entry["cases"] and all(c["hint"] == "not attempted" for c in entry["cases"]):
             entry["status"] = "not attempted"
         entry["points"] = ex.score(sum(c["ok"] for c in entry["cases"]), len(entry["cases"]))
-        if ex.measure_fn is not None:
-            entry["measured"] = {k: v for c in entry["cases"] for k, v in c.pop("measured", {}).items()}
     report["total"] = float(sum(e["points"] for e in report["exercises"].values()))
     report["output_tail"] = tail
     report["_runs_seconds"] = runs

@@ -230,8 +230,8 @@ def _judge(got, want, case) -> Verdict:
         hint = (f"kv_cache_bytes({T}) returns {rep:g}, but the cache your step returned holds {measured:,} bytes "
                 f"(every tensor reachable from it, float32 = 4 bytes each)")
         for factor, why in [(T, "you report bytes per token: return the total after n_tokens"),
-                            (1 / 4, "you count elements, not bytes: a float32 is 4 bytes"),
-                            (1 / 2, "you count only the keys or only the values: the cache holds both")]:
+                            (4, "you count elements, not bytes: a float32 is 4 bytes"),
+                            (2, "you count only the keys or only the values: the cache holds both")]:
             if measured and abs(rep * factor - measured) <= 0.01 * measured + 0.5 and math.isfinite(rep):
                 hint += f" — {why}"
                 break
