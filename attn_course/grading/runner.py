@@ -45,7 +45,7 @@ from . import notebook as nbk
 from .exercises import registry
 from .release import find_root
 from .selfcheck import held_out_cases, held_out_seed, judge_case
-from .spec import Case, Exercise
+from .spec import Case, Exercise, validate
 
 __all__ = ["Options", "Course", "grade_batch", "grade_submission", "collect", "grade_cli"]
 
@@ -282,6 +282,11 @@ def _case_results(ex: Exercise, cases: list[Case], status: dict, tensors: dict) 
         want = ex.expected(case)
         r = judge_case(ex, got, want, case)
         results.append({"name": case.name, "ok": r.ok, "hint": r.message})
+        if ex.measure_fn is not None and validate(got, want) is None:      # the capstone's leaderboard numbers
+            try:
+                results[-1]["measured"] = {str(k): v for k, v in ex.measure_fn(got, case).items()}
+            except Exception:
+                pass
     return results
 
 
@@ -377,6 +382,8 @@ def _grade_into(report: dict, sub: Submission, course: Course, opts: Options) ->
         if status.get("capture_error"):
             entry["notes"].append(f"the object to check was not defined: {_short(status['capture_error'])}")
         entry["cases"] = _case_results(ex, cases[i], status, tensors)
+        if ex.measure_fn is not None:                      # the capstone: what was measured, for the leaderboard
+            entry["measured"] = {k: v for c in entry["cases"] for k, v in c.pop("measured", {}).items()}
         findings = static.get(i, [])
         used = sorted({f.api for f in findings} | {str(v) for v in status.get("violations", []) if isinstance(v, str)}
                       & set(ex.forbidden))
@@ -523,7 +530,7 @@ def feedback_text(report: dict) -> str:
             lines += ["- not attempted", ""]
             continue
         for c in e["cases"]:
-            lines.append(f"- {'✓' if c['ok'] else '✗'} {c['name']}" + ("" if c["ok"] else f": {c['hint']}"))
+            lines.append(f"- {'✓' if c['ok'] else '✗'} {c['name']}" + (f": {c['hint']}" if c["hint"] else ""))
         lines.append("")
     lines.append("Inputs were drawn at grading time; your notebook's own outputs were not used.")
     return "\n".join(lines) + "\n"
@@ -559,6 +566,7 @@ def write_outputs(reports: list[dict], course: Course, out: Path) -> Path:
         _write_atomic(out / f"{name}.json", json.dumps(public, indent=2, ensure_ascii=False) + "\n")
         _write_atomic(out / f"{name}.feedback.md", feedback_text(r))
     _write_atomic(out / "grades.csv", buf.getvalue())
+    write_leaderboards(reports, [c for c in columns if registry()[c].rank_by], out)
     return out / "grades.csv"
 
 
@@ -647,3 +655,72 @@ def grade_cli(args) -> int:
     for r in errors:
         print(f"  error: {r['student_id']}: {r['error']}", file=sys.stderr)
     return 0
+
+
+# ---- the capstone's leaderboard (lesson 14) --------------------------------------------------------------
+
+def leaderboard_rows(reports: list[dict], ex_id: str) -> list[dict]:
+    """One row per submission of the open exercise ``ex_id``: its measured numbers, ``within budget`` (every
+    budget check it measured passed, and each was measured) and ``rank`` — 1, 2, … by ``rank_by`` ascending among
+    the submissions within budget; None (unranked, listed after them) otherwise."""
+    ex = registry()[ex_id]
+    rows = []
+    for r in reports:
+        e = (r.get("exercises") or {}).get(ex_id)
+        if e is None:
+            continue
+        m = e.get("measured") or {}
+        checks = [v for v in m.values() if isinstance(v, bool)]
+        value = m.get(ex.rank_by)
+        ok = (bool(checks) and all(checks) and len(checks) == len(_budget_keys(reports, ex_id))
+              and isinstance(value, (int, float)) and value == value)
+        rows.append({"student_id": r["student_id"], **{k: v for k, v in m.items() if not isinstance(v, bool)},
+                     "within budget": ok, "points": e["points"], "max_points": e["max_points"]})
+    ranked = sorted((row for row in rows if row["within budget"]), key=lambda row: (row[ex.rank_by], row["student_id"]))
+    for n, row in enumerate(ranked, 1):
+        row["rank"] = n
+    rest = sorted((row for row in rows if not row["within budget"]), key=lambda row: row["student_id"])
+    for row in rest:
+        row["rank"] = None
+    return ranked + rest
+
+
+def _budget_keys(reports: list[dict], ex_id: str) -> set[str]:
+    """Every budget check (boolean measured value) any submission of ``ex_id`` reported."""
+    return {k for r in reports for k, v in (((r.get("exercises") or {}).get(ex_id) or {}).get("measured") or {}).items()
+            if isinstance(v, bool)}
+
+
+def write_leaderboards(reports: list[dict], ex_ids: list[str], out: Path) -> None:
+    """``leaderboard.csv`` and ``leaderboard.md`` beside grades.csv for an open exercise with ``rank_by``
+    (one file pair; with several such exercises, ``leaderboard_<id>.*``)."""
+    for ex_id in ex_ids:
+        rows = leaderboard_rows(reports, ex_id)
+        if not rows:
+            continue
+        stem = "leaderboard" if len(ex_ids) == 1 else f"leaderboard_{ex_id}"
+        keys = [k for row in rows for k in row if k not in ("rank", "student_id", "within budget", "points",
+                                                             "max_points")]
+        keys = list(dict.fromkeys(keys))
+        cols = ["rank", "student_id", *keys, "within budget", "points"]
+
+        def cell(row, k):
+            v = row.get(k)
+            if v is None:
+                return ""
+            if isinstance(v, bool):
+                return "yes" if v else "no"
+            return _fmt(v) if isinstance(v, (int, float)) else str(v)
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(cols)
+        for row in rows:
+            w.writerow([cell(row, k) for k in cols])
+        _write_atomic(out / f"{stem}.csv", buf.getvalue())
+        ex = registry()[ex_id]
+        md = [f"# Leaderboard — {ex_id}: {ex.title}", "",
+              f"Ranked by {ex.rank_by} (lower is better) among the submissions within budget; the others follow, "
+              f"unranked.", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        md += ["| " + " | ".join(cell(row, k) if k != "rank" or row["rank"] else "—" for k in cols) + " |"
+               for row in rows]
+        _write_atomic(out / f"{stem}.md", "\n".join(md) + "\n")

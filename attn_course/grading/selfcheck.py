@@ -180,7 +180,7 @@ def judge_case(ex: Exercise, got: Any, want: dict[str, torch.Tensor], case: Case
         verdict = ex.judge(got, want, case)
     except Exception as exc:                       # a judge must not crash on odd values (NaN, inf, ...)
         return CaseResult(case.name, False, f"could not compare your answer ({type(exc).__name__})")
-    return CaseResult(case.name, bool(verdict.ok), "" if verdict.ok else (verdict.hint or "wrong values"))
+    return CaseResult(case.name, bool(verdict.ok), verdict.note if verdict.ok else (verdict.hint or "wrong values"))
 
 
 def _run(ex: Exercise, obj: Any) -> CheckResult:
@@ -234,7 +234,8 @@ def _report_lines(ex: Exercise, result: CheckResult) -> list[tuple[str, str]]:
                               "run that cell, then this one."))
         return lines
     for c in result.cases:
-        lines.append(("ok", f"✓ {c.name}") if c.ok else ("fail", f"✗ {c.name}: {c.message}"))
+        lines.append(("ok", f"✓ {c.name}" + (f": {c.message}" if c.message else "")) if c.ok
+                     else ("fail", f"✗ {c.name}: {c.message}"))
     if result.status == "forbidden":
         apis = ", ".join(result.forbidden)
         where = "; ".join(result.details)

@@ -55,6 +55,7 @@ class NotTiled(Exception):
 class Verdict:
     ok: bool
     hint: str = ""        # for a wrong answer: the likely misconception, in one friendly sentence
+    note: str = ""        # for a right answer (capstone): what was measured, shown beside the ✓ (e.g. the loss)
 
 
 @dataclass
@@ -83,6 +84,11 @@ class Exercise:
     #   with this many elements or more on this case (e.g. ``lambda c: Lq * Lk``, the whole score matrix)
     kind: str = ""                                  # (contract) one of KINDS: what the exercise asks the learner
     #   to do — build the lesson's algorithm, compute a quantity, predict an outcome, debug code, or an open design
+    # The capstone (an "open" exercise, lesson 14): measured numbers for the leaderboard.
+    measure_fn: Callable[[dict, Case], dict] | None = None   # (got, case) -> {name: number or bool}: what the
+    #   grader measured on this case (kept in the report; booleans are budget checks, all True = within budget)
+    rank_by: str = ""                               # the measured name ``attn-course grade`` ranks a class by in
+    #   leaderboard.csv / leaderboard.md (ascending); "" = no leaderboard
 
     def __post_init__(self):
         if self.kind not in KINDS:

@@ -1,0 +1,159 @@
+'''Learner-style cells for the capstone (lesson 14), in the format of tests/learner_cells.py:
+``CELLS[exercise_id] = (function name, correct cell, [(wrong cell, expected hint substring), ...])``.
+
+The correct cell is a design in another style than the solution's: attention written by hand, ALiBi instead of
+RoPE, multi-query attention (one KV head: 256 bytes per token), a GELU MLP, a dict cache. The wrong cells are
+the capstone's typical failures: over the parameter budget, a wrong KV-cache report (bytes per token instead of
+the total), a model that does not learn enough (no attention: a learned bigram), and a decode step that forgets
+the token's position.
+'''
+
+CELLS = {}
+
+_ALIBI_MQA = '''
+import math
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+def make_model(vocab_size):
+    """MQA + ALiBi, written by hand: 2 layers, d=64, 4 query heads sharing ONE key/value head."""
+    d, heads, layers, hd = 64, 4, 2, 16
+    slopes = torch.tensor([2.0 ** (-8 * (i + 1) / heads) for i in range(heads)])     # ALiBi (Press et al.)
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n1, self.n2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.q, self.kv, self.o = nn.Linear(d, d), nn.Linear(d, 2 * hd), nn.Linear(d, d)
+            self.mlp = nn.Sequential(nn.Linear(d, 3 * d), nn.GELU(), nn.Linear(3 * d, d))
+
+        def attend(self, h, k, v, qpos):                 # h (B, Lq, d); k, v (B, 1, Lk, hd); qpos (Lq,)
+            B, Lq, _ = h.shape
+            q = self.q(h).view(B, Lq, heads, hd).transpose(1, 2)                 # (B, H, Lq, hd)
+            kpos = torch.arange(k.shape[2])
+            dist = (qpos[:, None] - kpos[None, :]).float()                       # (Lq, Lk)
+            s = q @ k.transpose(-2, -1) / math.sqrt(hd) - slopes[:, None, None] * dist
+            s = s.masked_fill(dist < 0, float("-inf"))                           # causal
+            y = torch.softmax(s, -1) @ v                                         # (B, H, Lq, hd)
+            return self.o(y.transpose(1, 2).reshape(B, Lq, d))
+
+        def kv_of(self, h):
+            k, v = self.kv(h).unsqueeze(1).split(hd, dim=-1)                    # (B, 1, L, hd) each
+            return k, v
+
+    class MQALM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(vocab_size, d)
+            self.layers = nn.ModuleList(Layer() for _ in range(layers))
+            self.out = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, vocab_size))
+
+        def forward(self, idx):
+            x = self.emb(idx)
+            pos = torch.arange(idx.shape[1])
+            for layer in self.layers:
+                h = layer.n1(x)
+                k, v = layer.kv_of(h)
+                x = x + layer.attend(h, k, v, pos)
+                x = x + layer.mlp(layer.n2(x))
+            return self.out(x)
+
+        def step(self, tok, state):
+            state = state or {"k": [None] * layers, "v": [None] * layers}
+            t = 0 if state["k"][0] is None else state["k"][0].shape[2]
+            x, new = self.emb(tok), {"k": [], "v": []}
+            for i, layer in enumerate(self.layers):
+                h = layer.n1(x)
+                k, v = layer.kv_of(h)
+                if state["k"][i] is not None:
+                    k, v = torch.cat([state["k"][i], k], 2), torch.cat([state["v"][i], v], 2)
+                new["k"].append(k)
+                new["v"].append(v)
+                x = x + layer.attend(h, k, v, torch.tensor([t]))
+                x = x + layer.mlp(layer.n2(x))
+            return self.out(x), new
+
+        def kv_cache_bytes(self, n):
+            return 2 * layers * hd * 4 * n            # K and V, one head, float32
+
+    return MQALM()
+'''
+
+_GQA = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+from attn_course import RMSNorm, TransformerBlock
+
+def make_model(vocab_size):
+    D, H, HKV, N = {D}, 4, {HKV}, {N}
+
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(vocab_size, D)
+            self.blocks = nn.ModuleList(TransformerBlock(D, H, HKV) for _ in range(N))
+            self.norm, self.head = RMSNorm(D), nn.Linear(D, vocab_size, bias=False)
+
+        def forward(self, codes):
+            x = self.embed(codes)
+            for b in self.blocks:
+                x = b(x)
+            return self.head(self.norm(x))
+
+        def step(self, code, cache):
+            t = 0 if cache is None else cache[0][0].shape[2]
+            x, new = self.embed(code), []
+            for i, b in enumerate(self.blocks):
+                q, k, v = b.qkv(b.norm1(x), torch.tensor([{POS}]))
+                if cache is not None:
+                    k, v = torch.cat([cache[i][0], k], 2), torch.cat([cache[i][1], v], 2)
+                new.append((k, v))
+                y = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+                x = x + b.attn.out_proj(y.transpose(1, 2).flatten(2))
+                x = x + b.ffn(b.norm2(x))
+            return self.head(self.norm(x)), new
+
+        def kv_cache_bytes(self, n_tokens):
+            return N * 2 * HKV * (D // H) * 4 * {TOKENS}
+
+    return LM()
+'''
+
+
+def _gqa(D=64, HKV=2, N=2, POS="t", TOKENS="n_tokens"):
+    return _GQA.replace("{D}", str(D)).replace("{HKV}", str(HKV)).replace("{N}", str(N)) \
+               .replace("{POS}", POS).replace("{TOKENS}", TOKENS)
+
+
+_BIGRAM = '''
+import torch
+from torch import nn
+
+def make_model(vocab_size):
+    """No attention: each character predicts the next from itself (a learned bigram with an MLP)."""
+    class Bigram(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Sequential(nn.Embedding(vocab_size, 64), nn.Linear(64, 256), nn.GELU(),
+                                       nn.Linear(256, vocab_size))
+
+        def forward(self, codes):
+            return self.table(codes)
+
+        def step(self, code, cache):
+            return self.table(code), cache            # nothing to remember
+
+        def kv_cache_bytes(self, n_tokens):
+            return 0
+
+    return Bigram()
+'''
+
+CELLS["14_capstone"] = ("make_model", _ALIBI_MQA, [
+    (_gqa(D=96, HKV=1), "over the budget of 150,000"),                 # 219k parameters
+    (_gqa(TOKENS="1"), "you report bytes per token"),                  # forgot × n_tokens
+    (_BIGRAM, "is not below the bar"),                                 # no attention: ~2.5 nats/char
+    (_gqa(POS="0"), "give each step its true position"),               # RoPE at 0 in every step
+])
