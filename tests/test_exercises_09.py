@@ -330,7 +330,7 @@ def test_rolling_decode():
                               ("mod_valid", "not while s <= t mod W"), ("no_scale", "not scaled")]:
         exercise_kit.assert_hint("09_rolling_decode", make_decode(mistake), fragment)   # on every case
     _HISTORY.clear()
-    exercise_kit.assert_hint("09_rolling_decode", decode_global, "keeps tokens outside the caches")
+    assert_hint("09_rolling_decode", decode_global, "keeps tokens outside the caches")   # a later case may crash
 
 
 def test_rolling_decode_refuses_a_growing_cache():
