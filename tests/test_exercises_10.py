@@ -320,3 +320,11 @@ def test_crossover_tie_names_both_mistakes():
     res = exercise_kit.results("10_crossover", lambda E, Ev: crossover(E, Ev) - 1)
     tied = [msg for ok, msg in res if not ok and "strictly FEWER" in msg]
     assert tied and all("last L where softmax" in msg for msg in tied), res
+
+
+def test_recurrent_step_query_without_feature_map_is_named():
+    """The state is right (φ(k) was used) but the read-out uses q itself: the hint names the query's φ."""
+    def raw_q(S, z, q, k, v):
+        S_new, z_new = S + phi(k)[:, :, None] * v[:, None, :], z + phi(k)
+        return (q[:, None] @ S_new)[:, 0] / ((q * z_new).sum(-1, keepdim=True) + 1e-6), S_new, z_new
+    assert_hint("10_recurrent_step", raw_q, "query needs the feature map too")

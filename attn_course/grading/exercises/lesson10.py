@@ -179,9 +179,9 @@ def _step_answer(fn, case):
     return {"out": out, "S": S, "z": z, "inputs_unchanged": torch.tensor(not changed)}
 
 
-def _step_formula(case, *, read_first=False, normalise=True, phi=_phi, eps=1e-6):
+def _step_formula(case, *, read_first=False, normalise=True, phi=_phi, phi_q=None, eps=1e-6):
     i = case.inputs
-    pk, pq = phi(i["k"]), phi(i["q"])
+    pk, pq = phi(i["k"]), (phi_q or phi)(i["q"])
     S = i["S"] + pk[:, :, None] * i["v"][:, None, :]
     z = i["z"] + pk
     S_r, z_r = (i["S"], i["z"]) if read_first else (S, z)
@@ -212,8 +212,8 @@ def _step_judge(got, want, case):
          "itself. Update S and z first, then read out_t = φ(q_t)ᵀS_t / (φ(q_t)ᵀz_t + eps).",
          {"out": _step_formula(case, read_first=True)["out"]}),
         ("the normaliser is missing: divide by φ(q_t)ᵀz_t + eps.", {"out": _step_formula(case, normalise=False)["out"]}),
-        ("the query needs the feature map too: φ(q_t) = elu(q_t) + 1.",
-         {"out": _step_formula(case, phi=lambda x: x)["out"]}),
+        ("the query needs the feature map too: φ(q_t) = elu(q_t) + 1.",      # (the state is right: φ(k) was used)
+         {"out": _step_formula(case, phi_q=lambda x: x)["out"]}),
     ], "the state is right; the output is φ(q_t)ᵀS_t / (φ(q_t)ᵀz_t + eps) with the UPDATED S_t and z_t.")
 
 
