@@ -235,6 +235,6 @@ def test_runtime_guard_allows_plain_torch_and_restores_profile():
 def test_score_rounds_down_to_half_points():
     ex = Exercise("x", 3, "t", "e", kind="compute")
     assert [ex.score(n, 5) for n in range(6)] == [0, 0.5, 1.0, 1.5, 2.0, 3.0]
-    assert Exercise("y", 1, "t", "e").score(5, 6) == 0.5
-    assert Exercise("z", 2, "t", "e", all_or_nothing=True).score(2, 3) == 0
+    assert Exercise("y", 1, "t", "e", kind="compute").score(5, 6) == 0.5
+    assert Exercise("z", 2, "t", "e", all_or_nothing=True, kind="compute").score(2, 3) == 0
     assert get("01_score_std").score(4, 4) == 1
