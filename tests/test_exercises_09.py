@@ -165,3 +165,210 @@ def test_window_density_accepts_float32_arithmetic():
     """An int/int division done in float32 is ~4e-8 off the exact fraction: the prompt promises 6 significant digits."""
     f32 = lambda L, window: torch.tensor(sum(min(i + 1, window) for i in range(L)), dtype=torch.float32) / (L * L)
     assert_all_pass("09_window_density", f32)
+
+
+# ---- 09_window_tiles (build: the band's tiles only)
+INF = float("inf")
+
+
+def make_window(le=False, diag_mask=True, edge_mask=True, rescale=True, scale=True, safe=True, tiles="band"):
+    """The band-tile forward, with one of the mistakes switched on; ``tiles``: "band", "causal" (every tile up
+    to the diagonal, masked) or "all" (every tile, masked)."""
+    def window_attention(q, k, v, window, block):
+        L, d = q.shape[-2:]
+        out = torch.empty_like(q)
+        for q0 in range(0, L, block):
+            q1 = min(q0 + block, L)
+            qi = q[..., q0:q1, :] / (math.sqrt(d) if scale else 1.0)
+            m = torch.full((*qi.shape[:-1], 1), -INF, dtype=q.dtype)
+            l, acc = torch.zeros_like(m), torch.zeros_like(qi)
+            first = {"band": max(0, q0 - window + 1) // block * block, "causal": 0, "all": 0}[tiles]
+            for k0 in range(first, L if tiles == "all" else q1, block):
+                k1 = min(k0 + block, L)
+                s = qi @ k[..., k0:k1, :].transpose(-2, -1)
+                i, j = torch.arange(q0, q1)[:, None], torch.arange(k0, k1)[None, :]
+                hide = torch.zeros(s.shape[-2:], dtype=torch.bool)
+                if diag_mask or k0 < q0:
+                    hide |= j > i
+                if edge_mask:                                # edge_mask=False: the causal mask only
+                    hide |= (i - j > window) if le else (i - j >= window)
+                s = s.masked_fill(hide, -INF)
+                m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+                m_sub = m_new.masked_fill(m_new == -INF, 0.0) if safe else m_new
+                p = torch.exp(s - m_sub)
+                alpha = torch.exp(m - m_sub)
+                l = alpha * l + p.sum(-1, keepdim=True)
+                acc = (alpha * acc if rescale else acc) + p @ v[..., k0:k1, :]
+                m = m_new
+            out[..., q0:q1, :] = acc / l
+        return out
+    return window_attention
+
+
+def window_strip(q, k, v, window, block):
+    """Another style: per query block one strip of keys [q0 − W + 1, q1) (not tile-aligned), einsum, exp by hand."""
+    L, d = q.shape[-2:]
+    out = torch.empty_like(q)
+    for q0 in range(0, L, block):
+        q1, lo = min(q0 + block, L), max(0, q0 - window + 1)
+        s = torch.einsum("bhid,bhjd->bhij", q[..., q0:q1, :], k[..., lo:q1, :]) * d ** -0.5
+        gap = torch.arange(q0, q1)[:, None] - torch.arange(lo, q1)[None, :]
+        s = torch.where((gap >= 0) & (gap < window), s, torch.tensor(-INF, dtype=s.dtype))
+        e = (s - s.amax(-1, keepdim=True)).exp()
+        out[..., q0:q1, :] = torch.einsum("bhij,bhjd->bhid", e, v[..., lo:q1, :]) / e.sum(-1, keepdim=True)
+    return out
+
+
+def window_dense(q, k, v, window, block):
+    """Right values, not tiled: the whole L × L score matrix."""
+    L = q.shape[-2]
+    i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    s = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill((j > i) | (i - j >= window), -INF)
+    e = torch.exp(s - s.amax(-1, keepdim=True))
+    return e @ v / e.sum(-1, keepdim=True)
+
+
+def test_window_tiles():
+    assert_all_pass("09_window_tiles", make_window())
+    assert_all_pass("09_window_tiles", window_strip)
+    exercise_kit.assert_hint("09_window_tiles", make_window(le=True), "W + 1 keys")
+    exercise_kit.assert_hint("09_window_tiles", make_window(diag_mask=False), "diagonal tiles need the causal mask")
+    exercise_kit.assert_hint("09_window_tiles", make_window(edge_mask=False), "window mask is missing")
+    exercise_kit.assert_hint("09_window_tiles", make_window(rescale=False), "accumulator is not rescaled")
+    exercise_kit.assert_hint("09_window_tiles", make_window(scale=False), "not scaled")
+    exercise_kit.assert_hint("09_window_tiles", make_window(safe=False), "NaN")
+
+
+def test_window_tiles_property_every_case():
+    """Right values from every causal tile or every tile, or from the whole score matrix: 0 points."""
+    from exercise_kit import results
+    for fn, fragment in [(make_window(tiles="all"), "you visited about"), (make_window(tiles="causal"), "you visited about"),
+                         (window_dense, "as large as the whole score matrix")]:
+        for seed in (0, 1, 2):
+            res = results("09_window_tiles", fn, seed)
+            assert not any(ok for ok, _ in res) and all(fragment in msg for _, msg in res), res
+    res = results("09_window_tiles", make_window(tiles="all"))
+    assert all("the band has" in msg for _, msg in res), res
+
+
+def test_window_tiles_counts_the_band_of_the_package():
+    """The judge's band is the tiles flash_attention(window=) visits: two matmuls per tile."""
+    from attn_course import flash_attention
+    from attn_course.grading.exercises.lesson09 import _band
+    from attn_course.grading.guard import MatmulWork
+    for L, W, block in [(50, 7, 4), (33, 3, 6), (64, 20, 8)]:
+        q = torch.randn(1, 1, L, 4, dtype=torch.float64)
+        with MatmulWork() as work:
+            flash_attention(q, q, q, is_causal=True, window=W, block_q=block, block_k=block)
+        assert work.calls == 2 * len(list(_band(L, W, block)))
+
+
+# ---- 09_rolling_decode (build: a cache bounded by W)
+def make_decode(mistake=None):
+    def decode_step(k_cache, v_cache, q, k, v, t):
+        W = k_cache.shape[-2]
+        slot = min(t, W - 1) if mistake == "last_slot" else t % W
+        if mistake not in ("no_self", "w_plus_1"):
+            k_cache[:, :, slot], v_cache[:, :, slot] = k, v
+        keys, vals = k_cache, v_cache
+        filled = torch.arange(W) <= t
+        if mistake == "mod_valid":
+            filled = torch.arange(W) <= t % W
+        if mistake == "empty":
+            filled = torch.ones(W, dtype=torch.bool)
+        if mistake == "no_self":
+            filled = torch.arange(W) < t
+        if mistake == "w_plus_1":                            # attend to the full buffer and the new token
+            keys, vals = torch.cat([k_cache, k[:, :, None]], 2), torch.cat([v_cache, v[:, :, None]], 2)
+            filled = torch.cat([torch.arange(W) < t, torch.tensor([True])])
+        s = (keys @ q[..., None]).squeeze(-1) / (1.0 if mistake == "no_scale" else math.sqrt(q.shape[-1]))
+        w = torch.softmax(s.masked_fill(~filled, -INF), -1)
+        out = (w.nan_to_num(0.0)[..., None, :] @ vals).squeeze(-2)
+        if mistake in ("no_self", "w_plus_1"):                # attend first, then store
+            k_cache[:, :, t % W], v_cache[:, :, t % W] = k, v
+        return out, k_cache, v_cache
+    return decode_step
+
+
+def decode_shift(k_cache, v_cache, q, k, v, t):
+    """Another style: a time-ordered buffer (oldest first) that drops its first slot; validity from t."""
+    W = k_cache.shape[-2]
+    k_cache = torch.cat([k_cache[:, :, 1:], k[:, :, None]], dim=2)
+    v_cache = torch.cat([v_cache[:, :, 1:], v[:, :, None]], dim=2)
+    valid = torch.arange(W) >= W - 1 - t                     # the last min(t + 1, W) slots
+    s = torch.einsum("bhwd,bhd->bhw", k_cache, q) / q.shape[-1] ** 0.5
+    e = torch.where(valid, (s - s.amax(-1, keepdim=True)).exp(), torch.zeros(()))
+    return torch.einsum("bhw,bhwd->bhd", e / e.sum(-1, keepdim=True), v_cache), k_cache, v_cache
+
+
+_HISTORY = []
+
+
+def decode_global(k_cache, v_cache, q, k, v, t):
+    """Right for one sequence, but its state lives in a global list: the two sequences mix."""
+    _HISTORY.append((k, v))
+    ks = torch.stack([a for a, _ in _HISTORY[-k_cache.shape[-2]:]], 2)
+    vs = torch.stack([b for _, b in _HISTORY[-k_cache.shape[-2]:]], 2)
+    w = torch.softmax((ks @ q[..., None]).squeeze(-1) / math.sqrt(q.shape[-1]), -1)
+    return (w[..., None, :] @ vs).squeeze(-2), k_cache, v_cache
+
+
+def decode_growing(k_cache, v_cache, q, k, v, t):
+    """Right values, but the cache grows by one position per token (an ordinary KV cache)."""
+    if t == 0:
+        k_cache, v_cache = k_cache[:, :, :0], v_cache[:, :, :0]
+    k_cache, v_cache = torch.cat([k_cache, k[:, :, None]], 2), torch.cat([v_cache, v[:, :, None]], 2)
+    s = (k_cache @ q[..., None]).squeeze(-1) / math.sqrt(q.shape[-1])
+    return (torch.softmax(s, -1)[..., None, :] @ v_cache).squeeze(-2), k_cache, v_cache
+
+
+def test_rolling_decode():
+    assert_all_pass("09_rolling_decode", make_decode())
+    assert_all_pass("09_rolling_decode", decode_shift)
+    for mistake, fragment in [("w_plus_1", "W + 1 keys"), ("no_self", "must see itself"),
+                              ("empty", "empty slots"), ("last_slot", "replace the OLDEST"),
+                              ("mod_valid", "not while s <= t mod W"), ("no_scale", "not scaled")]:
+        exercise_kit.assert_hint("09_rolling_decode", make_decode(mistake), fragment)   # on every case
+    _HISTORY.clear()
+    assert_hint("09_rolling_decode", decode_global, "keeps tokens outside the caches")   # a later case may crash
+
+
+def test_rolling_decode_refuses_a_growing_cache():
+    from exercise_kit import results
+    res = results("09_rolling_decode", decode_growing)
+    assert not any(ok for ok, _ in res) and all("never grows" in msg for _, msg in res), res
+
+
+def test_rolling_decode_reference_is_the_package_cache():
+    """The judge's reference (windowed attention over the whole history) equals decoding with the lesson's
+    RollingKVCache, token by token."""
+    from attn_course.gqa import RollingKVCache
+    from attn_course.grading.exercises import get
+    ex = get("09_rolling_decode")
+    case = ex.cases(torch.Generator().manual_seed(0))[0]
+    q, k, v = (case.inputs[n][0] for n in "qkv")                 # the first sequence
+    cache, outs = RollingKVCache(case.params["window"]), []
+    for t in range(q.shape[-2]):
+        k_all, v_all, mask = cache.update(k[:, :, t:t + 1], v[:, :, t:t + 1])
+        s = (q[:, :, t:t + 1] @ k_all.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~mask, -INF)
+        outs.append(torch.softmax(s, -1) @ v_all)
+    torch.testing.assert_close(torch.cat(outs, 2), ex.expected(case)["out"][0])
+
+
+def test_released_stubs_get_zero(capsys):
+    """Every exercise cell of the released notebook (exercises/*.ipynb), run as a learner would: 0 points, "not attempted"."""
+    from pathlib import Path
+
+    from attn_course.grading import check
+    from attn_course.grading import notebook as nbk
+    from test_grading_learners import run_cell
+    path = next((Path(__file__).resolve().parents[1] / "exercises").glob("09_*.ipynb"))
+    cells = nbk.exercise_cells(nbk.read(path))
+    assert len(cells) >= 6
+    for ex_id, cell in cells.items():
+        fn = [v for k, v in run_cell(nbk.source_of(cell)).items() if callable(v) and not k.startswith("_")
+              and getattr(v, "__module__", None) == "__main__"]
+        assert len(fn) == 1, (ex_id, fn)
+        result = check(ex_id, fn[0])
+        assert result.status == "not attempted" and result.score == 0, (ex_id, result)
+    capsys.readouterr()

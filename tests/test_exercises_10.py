@@ -212,3 +212,138 @@ def test_find_the_bug_fixed():
     assert_all_pass("10_find_the_bug", causal_loop)
     from attn_course import linear_attention
     assert_all_pass("10_find_the_bug", lambda q, k, v: linear_attention(q, k, v, is_causal=True, chunk_size=3))
+
+
+# ---- 10_chunked_scan (build: a state carried chunk to chunk) ----
+
+def make_scan(intra="tril", state="after", accumulate=True, normalise=True, eps=1e-6):
+    def chunked_linear_attention(phi_q, phi_k, v, chunk):
+        B, H, L, E = phi_q.shape
+        S, z = phi_q.new_zeros(B, H, E, v.shape[-1]), phi_q.new_zeros(B, H, E)
+        outs = []
+        for c0 in range(0, L, chunk):
+            Q, K, V = phi_q[..., c0:c0 + chunk, :], phi_k[..., c0:c0 + chunk, :], v[..., c0:c0 + chunk, :]
+            A = Q @ K.transpose(-2, -1)
+            A = {"tril": A.tril(), "strict": A.tril(-1), "full": A}[intra]
+            if state == "before":
+                S, z = S + K.transpose(-2, -1) @ V, z + K.sum(-2)
+            num = Q @ S + A @ V
+            den = Q @ z[..., None] + A.sum(-1, keepdim=True) + eps
+            outs.append(num / den if normalise else num)
+            if state == "after":
+                S = (S if accumulate else 0) + K.transpose(-2, -1) @ V
+                z = (z if accumulate else 0) + K.sum(-2)
+        return torch.cat(outs, -2)
+    return chunked_linear_attention
+
+
+def scan_all_chunks(phi_q, phi_k, v, chunk):
+    """Another style: every chunk at once (padded), the earlier chunks' states by an exclusive cumsum over chunks."""
+    from einops import rearrange
+    L = phi_q.shape[-2]
+    pad = -L % chunk
+    Q, K, V = (rearrange(F.pad(t, (0, 0, 0, pad)), "b h (n c) e -> b h n c e", c=chunk) for t in (phi_q, phi_k, v))
+    kv = torch.einsum("bhnce,bhncf->bhnef", K, V)
+    S = kv.cumsum(2) - kv                                       # (B, H, n, E, Ev): chunks before n
+    z = K.sum(3).cumsum(2) - K.sum(3)
+    A = torch.einsum("bhnie,bhnje->bhnij", Q, K).tril()
+    num = torch.einsum("bhnie,bhnef->bhnif", Q, S) + A @ V
+    den = torch.einsum("bhnie,bhne->bhni", Q, z) + A.sum(-1) + 1e-6
+    return rearrange(num / den[..., None], "b h n c f -> b h (n c) f")[..., :L, :]
+
+
+def scan_cumsum(phi_q, phi_k, v, chunk):
+    """Right values, but a state per position (B, H, L, E, Ev): the cumsum shortcut."""
+    S = torch.einsum("bhle,bhlf->bhlef", phi_k, v).cumsum(2)
+    num = torch.einsum("bhle,bhlef->bhlf", phi_q, S)
+    return num / ((phi_q * phi_k.cumsum(2)).sum(-1, keepdim=True) + 1e-6)
+
+
+def scan_quadratic(phi_q, phi_k, v, chunk):
+    K = (phi_q @ phi_k.transpose(-2, -1)).tril()
+    return K @ v / (K.sum(-1, keepdim=True) + 1e-6)
+
+
+def test_chunked_scan():
+    assert_all_pass("10_chunked_scan", make_scan())
+    assert_all_pass("10_chunked_scan", scan_all_chunks)
+    assert_hint("10_chunked_scan", make_scan(normalise=False), "normaliser is missing")
+    assert_hint("10_chunked_scan", make_scan(eps=0.0), "eps is missing")
+    assert_hint("10_chunked_scan", make_scan(eps=2e-6), "eps is added twice", every=False)   # the tiny case
+    assert_hint("10_chunked_scan", make_scan(intra="full"), "not causal inside the chunk")
+    assert_hint("10_chunked_scan", make_scan(intra="strict"), "diagonal is excluded")
+    assert_hint("10_chunked_scan", make_scan(state="before"), "updated BEFORE")
+    assert_hint("10_chunked_scan", make_scan(accumulate=False), "accumulate every earlier chunk")
+
+
+def test_chunked_scan_property_every_case():
+    """Right values through an L × L tensor or a state per position: 0 points, on every case."""
+    for fn, fragment in [(scan_quadratic, "one head's L × L"), (scan_cumsum, "a state per position")]:
+        for seed in (0, 1, 2):
+            res = exercise_kit.results("10_chunked_scan", fn, seed)
+            assert not any(ok for ok, _ in res) and all(fragment in msg for _, msg in res), res
+
+    def per_head(phi_q, phi_k, v, chunk):                     # one head at a time: still an L × L matrix
+        out = torch.empty(*phi_q.shape[:-1], v.shape[-1], dtype=v.dtype)
+        for b in range(phi_q.shape[0]):
+            for h in range(phi_q.shape[1]):
+                out[b, h] = scan_quadratic(phi_q[b, h], phi_k[b, h], v[b, h], chunk)
+        return out
+    res = exercise_kit.results("10_chunked_scan", per_head)
+    assert not any(ok for ok, _ in res) and all("one head's L × L" in msg for _, msg in res), res
+
+
+def test_chunked_scan_cases_separate_the_two_limits():
+    """Some case's state stack is smaller than L·L (only the second limit catches the cumsum), and L is not
+    always a multiple of the chunk."""
+    from attn_course.grading.exercises.lesson10 import _scan_limits
+    cases = exercise_kit.get("10_chunked_scan").cases(torch.Generator().manual_seed(0))
+    assert any(_scan_limits(c)[1] < _scan_limits(c)[0] for c in cases)
+    assert sum(c.inputs["phi_q"].shape[-2] % c.params["chunk"] != 0 for c in cases) == 3
+
+
+def test_chunked_scan_is_the_package_and_the_tail_is_named():
+    from attn_course.linear import linear_attention
+    assert_all_pass("10_chunked_scan", lambda q, k, v, C: linear_attention(q, k, v, is_causal=True, chunk_size=C,
+                                                                           feature_map=lambda x: x))
+
+    def reshape_only(phi_q, phi_k, v, chunk):              # assumes L is a multiple of the chunk
+        B, H, L, E = phi_q.shape
+        Q = phi_q.reshape(B, H, L // chunk, chunk, E)
+        return scan_all_chunks(phi_q, phi_k, v, chunk) + 0 * Q.sum()
+    res = exercise_kit.results("10_chunked_scan", reshape_only)
+    assert any("L need not be a multiple of the chunk size" in msg for _, msg in res), res
+
+
+def test_crossover_tie_names_both_mistakes():
+    """Where the two counts tie at some L, '<=' and 'one too few' answer the same L: the hint names both."""
+    res = exercise_kit.results("10_crossover", lambda E, Ev: crossover(E, Ev) - 1)
+    tied = [msg for ok, msg in res if not ok and "strictly FEWER" in msg]
+    assert tied and all("last L where softmax" in msg for msg in tied), res
+
+
+def test_recurrent_step_query_without_feature_map_is_named():
+    """The state is right (φ(k) was used) but the read-out uses q itself: the hint names the query's φ."""
+    def raw_q(S, z, q, k, v):
+        S_new, z_new = S + phi(k)[:, :, None] * v[:, None, :], z + phi(k)
+        return (q[:, None] @ S_new)[:, 0] / ((q * z_new).sum(-1, keepdim=True) + 1e-6), S_new, z_new
+    assert_hint("10_recurrent_step", raw_q, "query needs the feature map too")
+
+
+def test_released_stubs_get_zero(capsys):
+    """Every exercise cell of the released notebook (exercises/*.ipynb), run as a learner would: 0 points, "not attempted"."""
+    from pathlib import Path
+
+    from attn_course.grading import check
+    from attn_course.grading import notebook as nbk
+    from test_grading_learners import run_cell
+    path = next((Path(__file__).resolve().parents[1] / "exercises").glob("10_*.ipynb"))
+    cells = nbk.exercise_cells(nbk.read(path))
+    assert len(cells) >= 6
+    for ex_id, cell in cells.items():
+        fn = [v for k, v in run_cell(nbk.source_of(cell)).items() if callable(v) and not k.startswith("_")
+              and getattr(v, "__module__", None) == "__main__"]
+        assert len(fn) == 1, (ex_id, fn)
+        result = check(ex_id, fn[0])
+        assert result.status == "not attempted" and result.score == 0, (ex_id, result)
+    capsys.readouterr()

@@ -432,3 +432,37 @@ answers; they only play the part of another library (here ``torch.distributed``)
 @lru_cache(maxsize=None)
 def _learner_tool_files() -> frozenset[str]:
     return frozenset(os.path.abspath(importlib.import_module(m).__file__) for m in LEARNER_TOOLS)
+
+
+# ---- lesson 09: the work of matrix products (tiles visited) -------------------------------------------
+
+class MatmulWork(TorchDispatchMode):
+    """Counts the matrix products run while it is active: ``calls`` and ``flops`` (2 per multiply-add) of
+    every ``mm``/``bmm``/``addmm``/``baddbmm``/``mv``/``dot`` ATen runs — which is where ``@``, ``matmul``,
+    ``einsum``, ``bmm`` and ``F.linear`` end up. A tiling exercise compares ``flops`` with what the tiles it
+    allows need (09_window_tiles: the band's tiles only). Products written as broadcast-multiply-and-sum are
+    not counted (best effort, like :class:`TensorCallWatch`). It lives here so the runtime guard lets it run
+    inside learner code; its first use in a process imports ``torch._dynamo`` (a few seconds)."""
+
+    _SIZES = {"mm": lambda a, b: a.shape[0] * a.shape[1] * b.shape[1],
+              "bmm": lambda a, b: a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2],
+              "mv": lambda a, b: a.shape[0] * a.shape[1],
+              "dot": lambda a, b: a.shape[0], "vdot": lambda a, b: a.shape[0]}
+    _BIASED = {"addmm": "mm", "baddbmm": "bmm", "addmv": "mv", "addmm_": "mm", "baddbmm_": "bmm", "addmv_": "mv"}
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+        self.flops = 0
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in self._BIASED:                               # bias + a @ b
+            name, operands = self._BIASED[name], args[1:3]
+        else:
+            operands = args[:2]
+        size = self._SIZES.get(name)
+        if size is not None:
+            self.calls += 1
+            self.flops += 2 * size(*operands)
+        return func(*args, **(kwargs or {}))

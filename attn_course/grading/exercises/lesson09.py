@@ -10,11 +10,14 @@ import math
 
 import torch
 
-from ..spec import FORBID_COURSE, FORBID_SDPA, Case, Exercise, Verdict, close, diagnose, randint, draw
+from ..spec import FORBID_COURSE, FORBID_SDPA, Case, Exercise, Verdict, close, diagnose, randint, choice, draw
+from .lesson08 import FORBID_SOFTMAX
 
 __all__ = ["EXERCISES"]
 
 _F64 = torch.float64
+_INF = float("inf")
+FORBID_FLEX = ("torch.nn.attention.flex_attention.flex_attention",)
 
 
 def _pairs(L, pred):
@@ -313,6 +316,264 @@ def _fix_judge(got, want, case):
     ], "softmax(QKᵀ/√d with −∞ where the mask is False) V.")
 
 
+# ---- 09_window_tiles: sliding-window attention by tiles, only the band's tiles ------------------------
+
+def _band(L, W, block):
+    """The band's tiles: per query block [q0, q1), the key tiles of the grid that meet [q0 − W + 1, q1)."""
+    for q0 in range(0, L, block):
+        q1 = min(q0 + block, L)
+        for k0 in range(max(0, q0 - W + 1) // block * block, q1, block):
+            yield q0, q1, k0, min(k0 + block, L)
+
+
+def _band_work(case):
+    """(tiles, FLOPs of QKᵀ and P·V over them) for the case's shapes."""
+    B, H, L, d = case.inputs["q"].shape
+    dv = case.inputs["v"].shape[-1]
+    tiles = list(_band(L, case.params["window"], case.params["block"]))
+    return len(tiles), sum(2 * B * H * (q1 - q0) * (k1 - k0) * (d + dv) for q0, q1, k0, k1 in tiles)
+
+
+def _masked_attn(q, k, v, visible, *, scale=True):
+    """fp64 softmax attention over the (i, j) pairs ``visible`` (every row keeps a key), dense."""
+    s = q.to(_F64) @ k.to(_F64).transpose(-2, -1) / (math.sqrt(q.shape[-1]) if scale else 1.0)
+    return torch.softmax(s.masked_fill(~visible, -_INF), -1) @ v.to(_F64)
+
+
+def _ij(L):
+    return torch.arange(L)[:, None], torch.arange(L)[None, :]
+
+
+def _window(L, W, *, le=False):
+    i, j = _ij(L)
+    return (j <= i) & ((i - j <= W) if le else (i - j < W))
+
+
+def _tiled(q, k, v, W, block, *, rescale=True, le=False):
+    """The band's tiles, as a learner's online softmax runs them — with acc not rescaled when the running max
+    rises, or with the mask i − j <= W (whose extra key is then seen only where its tile is visited)."""
+    L = q.shape[-2]
+    out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=_F64)
+    for q0, q1, k0, k1 in _band(L, W, block):
+        if k0 == max(0, q0 - W + 1) // block * block:                 # first tile of the block: fresh state
+            m = torch.full((*q.shape[:-2], q1 - q0, 1), -_INF, dtype=_F64)
+            l, acc = torch.zeros_like(m), torch.zeros(*q.shape[:-2], q1 - q0, v.shape[-1], dtype=_F64)
+        s = q[..., q0:q1, :].to(_F64) @ k[..., k0:k1, :].to(_F64).transpose(-2, -1) / math.sqrt(q.shape[-1])
+        i, j = torch.arange(q0, q1)[:, None], torch.arange(k0, k1)[None, :]
+        s = s.masked_fill((j > i) | ((i - j > W) if le else (i - j >= W)), -_INF)
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        m_sub = torch.where(m_new == -_INF, 0.0, m_new)
+        p = torch.exp(s - m_sub)
+        alpha = torch.exp(m - m_sub)
+        l = alpha * l + p.sum(-1, keepdim=True)
+        acc = (alpha * acc if rescale else acc) + p @ v[..., k0:k1, :].to(_F64)
+        m = m_new
+        if k1 >= q1:                                                  # the diagonal tile is the block's last
+            out[..., q0:q1, :] = acc / l
+    return out
+
+
+def _wt_masks(L, W, block):
+    """The answer's band and what each masking mistake lets through instead."""
+    i, j = _ij(L)
+    first_tile = (((i // block) * block - W + 1).clamp(min=0) // block) * block
+    return {"answer": _window(L, W), "le": _window(L, W, le=True),
+            "no_diag": (i - j < W) & (j // block <= i // block),          # no causal mask in the diagonal tiles
+            "open_diag": _window(L, W) | (j // block == i // block),      # no mask at all in the diagonal tiles
+            "causal_only": (j <= i) & (j >= first_tile)}                  # no window mask in the band's tiles
+
+
+def _first_tile_hidden(L, W, block):
+    """Does some row see no key at all in the first tile its block visits (the NaN trap of exp(−∞ + ∞))?"""
+    for q0 in range(0, L, block):
+        q1 = min(q0 + block, L)
+        if q1 - W >= max(0, q0 - W + 1) // block * block + block:     # row q1 − 1 starts past that tile
+            return True
+    return False
+
+
+def _wt_cases(gen):
+    def make(g):
+        B, H = choice(g, ((1, 1), (1, 2), (2, 1)))
+        d, block = randint(g, 2, 4), randint(g, 3, 6)
+        W = choice(g, (randint(g, 2, block - 1), randint(g, block + 1, 3 * block)))
+        L = randint(g, max(3 * W, 5 * block), 56)
+        masks = [m for key, m in _wt_masks(L, W, block).items() if key != "open_diag" or W < block]
+        n_band = len(list(_band(L, W, block)))
+        n_causal = sum(-(-min(L, q0 + block) // block) for q0 in range(0, L, block))
+        ok = (W % block != 0 and B * H * d * 2 < L                       # every tiled tensor < L·L
+              and 4 * n_band <= 3 * n_causal                             # the causal tiles are 1/3 more work at least
+              and _first_tile_hidden(L, W, block)
+              and all(not torch.equal(a, b) for n, a in enumerate(masks) for b in masks[n + 1:]))
+        return (B, H, L, d, W, block), ok
+    # every case: W not a multiple of block (edge tiles are partly visible), a band clearly smaller than the
+    # causal triangle, a row whose first tile is all hidden, and each masking mistake a different mask;
+    # tensors of a tiled solution < L·L
+    out = []
+    for _ in range(3):
+        (B, H, L, d, W, block), _ = draw(gen, make, lambda x: x[1])
+        out.append(Case(f"B={B}, H={H}, L={L}, d={d}, window={W}, block={block}",
+                        {n: torch.randn(B, H, L, d, generator=gen, dtype=_F64) for n in "qkv"},
+                        {"window": W, "block": block}))
+    return out
+
+
+def _wt_answer(fn, case):
+    from ..guard import MatmulWork
+    i, p = case.inputs, case.params
+    with MatmulWork() as work:
+        out = fn(i["q"], i["k"], i["v"], p["window"], p["block"])
+    return {"out": out, "flops": torch.tensor(work.flops, dtype=torch.int64)}
+
+
+def _wt_expected(case):
+    i, L = case.inputs, case.inputs["q"].shape[-2]
+    return {"out": _masked_attn(i["q"], i["k"], i["v"], _window(L, case.params["window"])),
+            "flops": torch.tensor(_band_work(case)[1], dtype=torch.int64)}
+
+
+def _wt_judge(got, want, case):
+    i, W, block = case.inputs, case.params["window"], case.params["block"]
+    L, d = i["q"].shape[-2:]
+    if close(got["out"], want["out"]):
+        tiles, work = _band_work(case)
+        flops = int(got["flops"])
+        if flops <= work * (1 + 1 / (2 * d)):                            # + a product with ones for the row sums
+            return Verdict(True)
+        return Verdict(False, f"right values, but you visited about {round(tiles * flops / work)} tiles; the band "
+                              f"has {tiles}: for the query block [q0, q1) only the key tiles that meet "
+                              f"[q0 − W + 1, q1) hold a visible key — start the key loop there and stop at q1.")
+    if _has_nan(got["out"]):
+        return Verdict(False, "NaN: a row whose keys in the first tile it visits are all hidden gets m_new = −∞ "
+                              "and exp(−∞ − (−∞)) = NaN. Subtract 0 where m_new is −∞ (that row keeps l = 0, "
+                              "acc = 0 until a visible key arrives).")
+    q, k, v = i["q"], i["k"], i["v"]
+    masks = _wt_masks(L, W, block)
+    off_by_one = ("off by one: i − j <= W lets each query see W + 1 keys; the window counts the query itself, so "
+                  "key j is visible iff 0 <= i − j < W.")
+    diagonal = ("the diagonal tiles need the causal mask too: inside the tile where the query block meets its own "
+                "keys, keys j > i are in the future.")
+    return diagnose(got["out"], [
+        (off_by_one, _masked_attn(q, k, v, masks["le"])),
+        (off_by_one, _tiled(q, k, v, W, block, le=True)),
+        (diagonal, _masked_attn(q, k, v, masks["no_diag"])),
+        (diagonal, _masked_attn(q, k, v, masks["open_diag"])),
+        ("the window mask is missing: the band's oldest tiles (and, when W < block, the diagonal tile) hold keys "
+         "older than i − W + 1 for some rows — hide i − j >= W as well as j > i.",
+         _masked_attn(q, k, v, masks["causal_only"])),
+        ("the accumulator is not rescaled: when a tile raises the running max, multiply the old acc by "
+         "α = exp(m − m_new) before adding the new tile's P̃V.", _tiled(q, k, v, W, block, rescale=False)),
+        ("the scores are not scaled: multiply QKᵀ by 1/√d.", _masked_attn(q, k, v, masks["answer"], scale=False)),
+    ], "compare with softmax(QKᵀ/√d) V over the keys 0 <= i − j < W: per tile rescale acc and l by "
+       "α = exp(m − m_new), and divide by l at the end.")
+
+
+def _has_nan(t):
+    return bool(torch.isnan(t).any())
+
+
+# ---- 09_rolling_decode: the rolling-buffer cache, token by token --------------------------------------
+
+def _roll_cases(gen):
+    out = []
+    for _ in range(3):
+        B, H, d, W = randint(gen, 1, 2), randint(gen, 1, 2), randint(gen, 2, 4), randint(gen, 3, 6)
+        T = 3 * W + randint(gen, 1, W - 1)                             # decode well past the window
+        out.append(Case(f"two sequences of {T} tokens decoded in turn, B={B}, H={H}, d={d}, window={W}",
+                        {n: torch.randn(2, B, H, T, d, generator=gen, dtype=_F64) for n in "qkv"},
+                        {"window": W}))
+    return out
+
+
+def _roll_answer(fn, case):
+    q, k, v = (case.inputs[n] for n in "qkv")
+    S, B, H, T, d = q.shape
+    W = case.params["window"]
+    caches = [(q.new_zeros(B, H, W, d), q.new_zeros(B, H, W, d)) for _ in range(S)]
+    outs = q.new_zeros(S, B, H, T, d)
+    for t in range(T):
+        for s in range(S):                                              # the sequences take turns
+            kc, vc = caches[s]
+            got = fn(kc.clone(), vc.clone(), q[s, :, :, t].clone(), k[s, :, :, t].clone(), v[s, :, :, t].clone(), t)
+            if not (isinstance(got, tuple) and len(got) == 3):
+                raise TypeError("return (out, k_cache, v_cache)")
+            for name, x, shape in (("out", got[0], (B, H, d)), ("k_cache", got[1], (B, H, W, d)),
+                                   ("v_cache", got[2], (B, H, W, d))):
+                if type(x) is not torch.Tensor or x.dtype != q.dtype or tuple(x.shape) != shape:
+                    what = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+                    grow = (" — a rolling buffer never grows: overwrite the oldest slot instead of appending"
+                            if name != "out" and isinstance(x, torch.Tensor) and x.dim() == 4 else "")
+                    raise ValueError(f"after token t={t} your {name} has {what} (dtype "
+                                     f"{getattr(x, 'dtype', '?')}); expected {shape} in {q.dtype}{grow}")
+            outs[s, :, :, t] = got[0]
+            caches[s] = (got[1].detach().clone(), got[2].detach().clone())   # no attribute rides along
+    return {"out": outs}
+
+
+def _roll_expected(case):
+    i = case.inputs
+    return {"out": _masked_attn(i["q"], i["k"], i["v"], _window(i["q"].shape[-2], case.params["window"]))}
+
+
+def _roll_empty_slots(q, k, v, W):
+    """Before the buffer is full its W − t − 1 empty (zero) slots are attended: score 0, value 0."""
+    T = q.shape[-2]
+    s = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~_window(T, W), -_INF)
+    zeros = torch.tensor([max(0, W - 1 - t) for t in range(T)], dtype=_F64)[:, None]
+    m = s.amax(-1, keepdim=True).clamp(min=0.0)
+    e = torch.exp(s - m)
+    return (e @ v) / (e.sum(-1, keepdim=True) + zeros * torch.exp(-m))
+
+
+def _roll_shared(q, k, v, W):
+    """State kept outside the returned caches (a global list): the last W tokens of BOTH sequences."""
+    S, T = q.shape[0], q.shape[-2]
+    seen, out = [], torch.zeros_like(v)
+    for t in range(T):
+        for s in range(S):
+            seen.append((s, t))
+            keys = seen[-W:]
+            kk = torch.stack([k[a, :, :, b] for a, b in keys], -2)
+            vv = torch.stack([v[a, :, :, b] for a, b in keys], -2)
+            w = torch.softmax((kk @ q[s, :, :, t, :, None]).squeeze(-1) / math.sqrt(q.shape[-1]), -1)
+            out[s, :, :, t] = (w[..., None, :] @ vv).squeeze(-2)
+    return out
+
+
+def _roll_judge(got, want, case):
+    if close(got["out"], want["out"]):
+        return Verdict(True)
+    i, W = case.inputs, case.params["window"]
+    q, k, v = (i[n].to(_F64) for n in "qkv")
+    T = q.shape[-2]
+    t, j = _ij(T)
+    no_self = (j < t) & (t - j <= W)
+    itself = _masked_attn(q, k, v, no_self | (t == 0))                # row 0 has no key at all: NaN or 0
+    itself[..., 0, :] = float("nan")
+    return diagnose(got["out"], [
+        ("off by one: you attend to the whole buffer AND the new token — W + 1 keys (i − j <= W). Store the new "
+         "token first (it overwrites the oldest), then attend to the W slots.", _masked_attn(q, k, v, _window(T, W, le=True))),
+        ("off by one: each query sees W keys, itself included (0 <= i − j < W); you keep only W − 1.",
+         _masked_attn(q, k, v, _window(T, W - 1)) if W > 1 else None),
+        ("the new token must see itself: store its key and value before attending (or attend to the buffer "
+         "and the new token together).", itself),
+        ("the new token must see itself: store its key and value before attending (or attend to the buffer "
+         "and the new token together).", itself.nan_to_num(0.0)),
+        ("before the buffer is full its empty slots are zeros, not keys: hide them (slot s holds a token only "
+         "once t >= s).", _roll_empty_slots(q, k, v, W)),
+        ("after wrap-around (t >= W) the new key must replace the OLDEST one — slot t mod W, or the first of a "
+         "time-ordered buffer — not the last slot or the newest: yours keeps tokens 0 … W − 2 for ever.",
+         _masked_attn(q, k, v, (j == t) | ((j <= W - 2) & (j <= t)))),
+        ("after wrap-around every slot holds a visible key: slot s is valid once t >= s (min(t + 1, W) valid "
+         "slots), not while s <= t mod W.", _masked_attn(q, k, v, (j <= t) & (j >= t - t % W))),
+        ("your function keeps tokens outside the caches it returns (a global or a closure), so the two "
+         "sequences the grader decodes in turn see each other's keys: keep all state in k_cache and v_cache.",
+         _roll_shared(q, k, v, W)),
+        ("the scores are not scaled: multiply qᵀk by 1/√d.", _masked_attn(q, k, v, _window(T, W), scale=False)),
+    ], f"token t must attend to tokens max(0, t − W + 1) … t, itself included (W = {W}): compare the outputs "
+       f"before and after the buffer wraps around (t = W).")
+
+
 EXERCISES = [
     Exercise("09_dilated_mask", 2, "A dilated sliding-window mask by hand",
              "a function dilated_mask(L, window, dilation) -> bool (L, L), True = may attend",
@@ -333,4 +594,13 @@ EXERCISES = [
     Exercise("09_fix_sparse_attention", 2, "Find the bug: a survey's softmax(QKᵀ/√d ⊙ M)",
              "a function sparse_attention(q, k, v, mask) -> (B, H, L, d), mask bool (L, L), True = may attend",
              _fix_cases, _fix_answer, _fix_expected, _fix_judge, forbidden=FORBID_SDPA + FORBID_COURSE, kind="debug"),
+    Exercise("09_window_tiles", 3, "Sliding-window attention by tiles: only the band",
+             "a function window_attention(q, k, v, window, block) -> out (B, H, L, d)",
+             _wt_cases, _wt_answer, _wt_expected, _wt_judge,
+             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX + FORBID_FLEX,
+             max_numel_fn=lambda case: case.inputs["q"].shape[-2] ** 2, kind="build"),   # no L × L tensor
+    Exercise("09_rolling_decode", 3, "Decode with a rolling-buffer cache",
+             "a function decode_step(k_cache, v_cache, q, k, v, t) -> (out, k_cache, v_cache)",
+             _roll_cases, _roll_answer, _roll_expected, _roll_judge,
+             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_FLEX, kind="build"),
 ]

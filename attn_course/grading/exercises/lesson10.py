@@ -179,9 +179,9 @@ def _step_answer(fn, case):
     return {"out": out, "S": S, "z": z, "inputs_unchanged": torch.tensor(not changed)}
 
 
-def _step_formula(case, *, read_first=False, normalise=True, phi=_phi, eps=1e-6):
+def _step_formula(case, *, read_first=False, normalise=True, phi=_phi, phi_q=None, eps=1e-6):
     i = case.inputs
-    pk, pq = phi(i["k"]), phi(i["q"])
+    pk, pq = phi(i["k"]), (phi_q or phi)(i["q"])
     S = i["S"] + pk[:, :, None] * i["v"][:, None, :]
     z = i["z"] + pk
     S_r, z_r = (i["S"], i["z"]) if read_first else (S, z)
@@ -212,8 +212,8 @@ def _step_judge(got, want, case):
          "itself. Update S and z first, then read out_t = φ(q_t)ᵀS_t / (φ(q_t)ᵀz_t + eps).",
          {"out": _step_formula(case, read_first=True)["out"]}),
         ("the normaliser is missing: divide by φ(q_t)ᵀz_t + eps.", {"out": _step_formula(case, normalise=False)["out"]}),
-        ("the query needs the feature map too: φ(q_t) = elu(q_t) + 1.",
-         {"out": _step_formula(case, phi=lambda x: x)["out"]}),
+        ("the query needs the feature map too: φ(q_t) = elu(q_t) + 1.",      # (the state is right: φ(k) was used)
+         {"out": _step_formula(case, phi_q=lambda x: x)["out"]}),
     ], "the state is right; the output is φ(q_t)ᵀS_t / (φ(q_t)ᵀz_t + eps) with the UPDATED S_t and z_t.")
 
 
@@ -262,15 +262,15 @@ def _cross_judge(got, want, case):
     if g == int(want["L"]):
         return Verdict(True)
     E, Ev = p["E"], p["Ev"]
-    for hint, value in [
+    hints = [hint for hint, value in [
         ("softmax attention has TWO L×L matmuls: QKᵀ (2·L²·E) and PV (2·L²·Ev).", _crossover(E, Ev, pv=False)),
         ("at the returned L both counts are equal; the question asks for the first L where linear attention "
          "needs strictly FEWER FLOPs.", _crossover(E, Ev, strict=False)),
         ("that is the last L where softmax attention is still cheaper (or as cheap); return the first L where "
          "linear attention is cheaper.", _crossover(E, Ev) - 1),
-    ]:
-        if g == value and value != int(want["L"]):
-            return Verdict(False, hint)
+    ] if g == value and value != int(want["L"])]
+    if hints:                          # where the counts tie, "<=" and "one too few" give the same L: name both
+        return Verdict(False, " — or ".join(hints))
     return Verdict(False, "count per head: softmax 2L²E + 2L²Ev; linear 2LEEv (S) + 2LEEv (φ(Q)S) + LE (z) + "
                           "2LE (φ(Q)z); return the smallest L with linear < softmax.")
 
@@ -329,6 +329,119 @@ def _bug_judge(got, want, case):
                                 "φ = elu + 1.")
 
 
+# ---- 10_chunked_scan: causal linear attention as a chunked scan ---------------------------------------
+
+def _scan_formula(pq, pk, v, C, *, intra="tril", state="after", accumulate=True, normalise=True, eps=1e-6):
+    """Chunk by chunk, with the learner's choices: ``intra`` "tril" (j <= i), "strict" (j < i) or "full";
+    ``state`` "after" (the answer) or "before" (the chunk folded into S before its intra part)."""
+    L = pq.shape[-2]
+    S = pq.new_zeros(*pq.shape[:-2], pq.shape[-1], v.shape[-1])
+    z = pq.new_zeros(*pq.shape[:-2], pq.shape[-1])
+    out = torch.empty_like(v)
+    for c0 in range(0, L, C):
+        Q, K, V = pq[..., c0:c0 + C, :], pk[..., c0:c0 + C, :], v[..., c0:c0 + C, :]
+        A = Q @ K.transpose(-2, -1)
+        A = {"tril": A.tril(), "strict": A.tril(-1), "full": A}[intra]
+        kv, ks = K.transpose(-2, -1) @ V, K.sum(-2)
+        if state == "before":
+            S, z = S + kv, z + ks
+        num = Q @ S + A @ V
+        den = (Q @ z[..., None]).squeeze(-1) + A.sum(-1) + eps
+        out[..., c0:c0 + C, :] = num / den[..., None] if normalise else num
+        if state == "after":
+            S, z = (S + kv, z + ks) if accumulate else (kv, ks)
+    return out
+
+
+def _scan_quadratic(pq, pk, v, eps=1e-6):
+    """The quadratic masked form: out_i = Σ_{j<=i} (φq_i·φk_j) v_j / (Σ_{j<=i} φq_i·φk_j + eps)."""
+    K = (pq @ pk.transpose(-2, -1)).tril()
+    return K @ v / (K.sum(-1, keepdim=True) + eps)
+
+
+def _scan_limits(case):
+    """(one head's L × L, the per-position state stack B·H·L·E·Ev): no tensor may reach either."""
+    B, H, L, E = case.inputs["phi_q"].shape
+    return L * L, B * H * L * E * case.inputs["v"].shape[-1]
+
+
+def _scan_cases(gen):
+    def make(g):
+        B, H, E, Ev, C = randint(g, 1, 2), randint(g, 1, 2), randint(g, 2, 5), randint(g, 2, 5), randint(g, 2, 8)
+        L = randint(g, 3 * C + 1, 64)
+        n = -(-L // C)
+        square, stack = L * L, B * H * L * E * Ev
+        # what a chunked scan needs — the inputs (padded to n·C), the chunks' C × C products and (E, Ev)
+        # states, all chunks at once — stays below both limits
+        need = max(B * H * n * C * max(E, Ev, C), B * H * n * E * Ev)
+        return (B, H, L, E, Ev, C), need < min(square, stack)
+    out = []
+    for n in range(4):
+        (B, H, L, E, Ev, C), _ = draw(gen, make, lambda x: x[1] and (x[0][2] % x[0][5] != 0) == (n != 3))
+        # ReLU features: many exact zeros (a row of zeros makes the normaliser just eps); case 1 is tiny, so
+        # that eps is as large as the sums it is added to
+        scale = 1e-3 if n == 1 else 1.0
+        pq, pk = (torch.relu(torch.randn(B, H, L, E, generator=gen, dtype=_F64)) * scale for _ in range(2))
+        pk[..., 0, :] = 0.0                                                  # key 0 adds nothing
+        out.append(Case(f"B={B}, H={H}, L={L}, E={E}, Ev={Ev}, chunk={C}" + (", tiny features" if n == 1 else ""),
+                        {"phi_q": pq, "phi_k": pk, "v": torch.randn(B, H, L, Ev, generator=gen, dtype=_F64)},
+                        {"chunk": C}))
+    return out
+
+
+def _scan_answer(fn, case):
+    from ..guard import TensorCallWatch
+    i = case.inputs
+    with TensorCallWatch() as watch:
+        out = fn(i["phi_q"], i["phi_k"], i["v"], case.params["chunk"])
+    return {"out": out, "largest": torch.tensor(watch.largest_numel, dtype=torch.int64)}
+
+
+def _scan_expected(case):
+    i = case.inputs
+    return {"out": _scan_quadratic(i["phi_q"], i["phi_k"], i["v"]), "largest": torch.tensor(0, dtype=torch.int64)}
+
+
+def _scan_judge(got, want, case):
+    square, stack = _scan_limits(case)
+    largest = int(got["largest"])
+    if close(got["out"], want["out"], atol=1e-6, rtol=1e-5):
+        limits = ([f"one head's L × L matrix ({square})"] if largest >= square else []) + \
+                 ([f"a state per position (B·H·L·E·Ev = {stack}: the cumsum shortcut)"] if largest >= stack else [])
+        if limits:
+            return Verdict(False, f"right values, but your code formed a tensor of {largest} elements, as large as "
+                                  f"{' and as '.join(limits)}: inside a chunk use its C × C block only, and carry ONE "
+                                  f"running state S (E × Ev) and z (E) from chunk to chunk.")
+        return Verdict(True)
+    i, C = case.inputs, case.params["chunk"]
+    pq, pk, v = i["phi_q"], i["phi_k"], i["v"]
+    f = lambda **kw: _scan_formula(pq, pk, v, C, **kw)  # noqa: E731
+    return diagnose(got["out"], [
+        ("the normaliser is missing: divide by φ(q_i)·z + Σ_{j<=i in the chunk} φ(q_i)·φ(k_j) + eps.",
+         f(normalise=False)),
+        ("eps is missing: where every φ(q_i)·φ(k_j) is 0 the normaliser is 0 and the output 0/0 — add eps = 1e-6 "
+         "once, to the whole denominator.", f(eps=0.0)),
+        ("eps is added twice (once per part?): add eps = 1e-6 once, to the sum of the inter- and intra-chunk "
+         "denominators.", f(eps=2e-6)),
+        ("not causal inside the chunk — or the state already holds the chunk when it is read: query i may see "
+         "keys j <= i of its own chunk only (tril of the C × C block), and S, z hold the EARLIER chunks.",
+         f(intra="full")),
+        ("the diagonal is excluded inside the chunk: query i sees key i too (tril, not tril(−1)).", f(intra="strict")),
+        ("the state is updated BEFORE the chunk's intra part, so the chunk's keys are counted twice: read S and z, "
+         "add the intra-chunk part, and only then fold the chunk into S and z.", f(state="before")),
+        ("the state must accumulate every earlier chunk (S = S + φ(K_c)ᵀV_c), not hold the last chunk only.",
+         f(accumulate=False)),
+    ], "compare with out_i = (φ(q_i)S + Σ_{j<=i in chunk} (φ(q_i)·φ(k_j)) v_j) / (φ(q_i)·z + Σ_{j<=i in chunk} "
+       "φ(q_i)·φ(k_j) + eps), S and z summing the earlier chunks.")
+
+
+def _scan_error_hint(case, error):
+    if "invalid for input of size" in error or "must match the size" in error or "expanded size" in error:
+        return ("L need not be a multiple of the chunk size: the last chunk may be shorter (slice it, or pad with "
+                "zeros — a zero φ(k) adds nothing to the sums).")
+    return None
+
+
 EXERCISES = [
     Exercise("10_additive_score", 2, "Bahdanau's additive score by hand",
              "a function additive_scores(q, k, W_q, W_k, w_v) -> scores (Lq, Lk)",
@@ -340,8 +453,13 @@ EXERCISES = [
              "a function rnn_step(S, z, q, k, v) -> (out, S_new, z_new)",
              _step_cases, _step_answer, _step_expected, _step_judge, forbidden=FORBID_COURSE, kind="build"),
     Exercise("10_crossover", 2, "Where linear attention starts to pay off",
-             "a function crossover(E, Ev) -> int", _cross_cases, _cross_answer, _cross_expected, _cross_judge, kind="compute"),
+             "a function crossover(E, Ev) -> int", _cross_cases, _cross_answer, _cross_expected, _cross_judge,
+             forbidden=FORBID_COURSE, kind="compute"),
     Exercise("10_find_the_bug", 3, "Find the bugs in causal linear attention",
              "a function causal_linear_attention(q, k, v) -> out",
              _bug_cases, _bug_answer, _bug_expected, _bug_judge, forbidden=FORBID_COURSE, kind="debug"),
+    Exercise("10_chunked_scan", 3, "Causal linear attention as a chunked scan",
+             "a function chunked_linear_attention(phi_q, phi_k, v, chunk) -> out (B, H, L, Ev)",
+             _scan_cases, _scan_answer, _scan_expected, _scan_judge, forbidden=FORBID_SDPA + FORBID_COURSE,
+             error_hint_fn=_scan_error_hint, kind="build"),
 ]
