@@ -260,7 +260,7 @@ def _dec_cases(gen):
         B, H, S, dn, dr, dv, dc = s                                      # the limit; every scale mistake differs
         limit = B * H * S * min(dn, dv)
         return (H * (dn + dv) * dc < limit and B * S * (dc + dr) < limit and distinct(dn, dn + dr, dc + dr)
-                and dn != dv)                                            # and keys and values differ in size
+                and distinct(dn, dv, dc))          # keys, values and latent are told apart by their width
     cases = []
     for B, H, S, dn, dr, dv, dc in (draw(gen, make, ok) for _ in range(3)):
         t = {"q_nope": torch.randn(B, H, dn, generator=gen), "q_rope": torch.randn(B, H, dr, generator=gen),
@@ -345,15 +345,19 @@ def _dec_judge(got, want, case):
 
 
 def _dec_materialised(case, shape, limit):
+    """Names the tensor that broke the limit by its shape (the cases keep d_nope, d_v and d_c apart). Short: the
+    feedback keeps the first 240 characters of an error."""
     B, H, S, dn, dr, dv, dc = _dec_sizes(case)
-    what = ("per-head values: W_UV is applied to the cache before the weighted sum — take the weighted sum of "
-            "the latents first (B, H, d_c), then apply W_UV" if shape == (B, H, S, dv) and dv != dn else
-            "per-head keys: W_UK is applied to the cache — absorb it into the query instead "
-            "(W_UK[h]ᵀ q_nope, shape (B, H, d_c))" if shape == (B, H, S, dn) and dv != dn else
-            "per-head keys or values (an expanded per-head copy of the latent counts too): keep the latent "
-            "shared, absorb W_UK into the query and apply W_UV after the weighted sum")
-    return (f"your code created a tensor of shape {shape}, {limit} elements or more — the size of the "
-            f"{what}. Absorbed decoding never materialises per-head keys or values.")
+    what = {(B, H, S, dv): "per-head values — W_UV was applied to the cache before the weighted sum; sum the "
+                           "latents first, then apply W_UV",
+            (B, H, S, dn): "per-head keys — W_UK was applied to the cache; absorb it into the query instead",
+            (B, H, S, dc): "a per-head copy of the latent (an expand counts too); keep c_kv shared",
+            (B, S, H * (dn + dv)): "per-head keys and values — kv_b_proj was applied to the cache; absorb W_UK "
+                                   "into the query, apply W_UV after the weighted sum"}
+    what[(B, S, H * dv)], what[(B, S, H * dn)] = what[(B, H, S, dv)], what[(B, H, S, dn)]
+    return (f"your code formed a {shape} tensor (≥ {limit} elements = B·H·S·min(d_nope, d_v)): "
+            + what.get(tuple(shape), "as large as per-head keys or values, which absorbed decoding never forms") + ".")
+
 
 EXERCISES = [
     Exercise("12_cache_bytes", 1, "MLA's cache in bytes",
