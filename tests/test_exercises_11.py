@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from attn_course import TransformerBlock
 from attn_course.norm import RMSNorm
@@ -294,3 +295,139 @@ def test_convert_grouped_kv_crash_is_named():
     msg = ex.explain_error(case, "RuntimeError: shape '[3, 5, -1]' is invalid for input of size 768")
     assert "num_kv_heads heads (GQA)" in msg and msg.startswith("RuntimeError")
     assert ex.explain_error(case, "ZeroDivisionError: division by zero") == "ZeroDivisionError: division by zero"
+
+
+# ---- 11_block_forward (build) ------------------------------------------------------------------------
+
+def block_forward(x, weights, num_heads, num_kv_heads, eps, *, post_norm=False, residual=(True, True),
+                  eps_outside=False, norm_dim=-1, interleaved=False, rope_v=False, causal=True, swap=False,
+                  scale=True, tile_kv=False):
+    """The pre-norm block by hand (explicit softmax attention), with the common mistakes as switches."""
+    W = weights
+    B, L, D = x.shape
+    dh, G = D // num_heads, num_heads // num_kv_heads
+
+    def norm(t, g):
+        ms = t.pow(2).mean(norm_dim, keepdim=True)
+        return t / (ms.sqrt() + eps if eps_outside else (ms + eps).sqrt()) * g
+
+    def rope(t):
+        return apply_rope(t, interleaved=interleaved)
+
+    def attn(u):
+        q = (u @ W["attn.q_proj.weight"].T).view(B, L, num_heads, dh).transpose(1, 2)
+        k, v = ((u @ W[f"attn.{n}_proj.weight"].T).view(B, L, num_kv_heads, dh).transpose(1, 2) for n in "kv")
+        q, k = rope(q), rope(k)
+        if rope_v:
+            v = rope(v)
+        k, v = ((t.repeat(1, G, 1, 1) if tile_kv else t.repeat_interleave(G, 1)) for t in (k, v))
+        s = q @ k.transpose(-2, -1) / (math.sqrt(dh) if scale else 1.0)
+        if causal:
+            s = s.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
+        return (s.softmax(-1) @ v).transpose(1, 2).reshape(B, L, D) @ W["attn.out_proj.weight"].T
+
+    def ffn(u):
+        a, b = u @ W["ffn.w1.weight"].T, u @ W["ffn.w3.weight"].T
+        a, b = (b, a) if swap else (a, b)
+        return (F.silu(a) * b) @ W["ffn.w2.weight"].T
+
+    if post_norm:
+        h = norm(x + attn(x), W["norm1.weight"])
+        return norm(h + ffn(h), W["norm2.weight"])
+    h = (x if residual[0] else 0) + attn(norm(x, W["norm1.weight"]))
+    return (h if residual[1] else 0) + ffn(norm(h, W["norm2.weight"]))
+
+
+def block_with_the_package(x, weights, num_heads, num_kv_heads, eps):
+    """The module itself, loaded with the weights (what the grader compares with)."""
+    block = TransformerBlock(x.shape[-1], num_heads, num_kv_heads, weights["ffn.w1.weight"].shape[0])
+    block.norm1.eps = block.norm2.eps = eps
+    block.load_state_dict(weights)
+    with torch.no_grad():
+        return block(x)
+
+
+def test_block_forward_reference_alternative_and_package_pass():
+    assert_all_pass("11_block_forward", block_forward)
+    assert_all_pass("11_block_forward", block_with_the_package)
+
+
+def test_block_forward_solution_cell_passes_and_stub_is_not_attempted(capsys):
+    from attn_course.grading import check
+    import nbformat
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    for folder, want in (("solutions", 4.0), ("exercises", 0.0)):
+        nb = nbformat.read(root / folder / "11_positions_normalisation_and_the_block.ipynb", as_version=4)
+        cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "11_block_forward")
+        ns = {"torch": torch, "math": math}
+        exec(compile(cell.source, "<11_block_forward cell>", "exec"), ns)
+        result = check("11_block_forward", ns["block_forward"])
+        assert result.score == want, capsys.readouterr().out
+        assert result.status == ("checked" if want else "not attempted")
+
+
+def test_block_forward_cases_are_grouped_and_every_mistake_differs():
+    """Every case has 1 < num_kv_heads < num_heads (so the grouping matters), and no named mistake coincides
+    with the block's output on any case (so each fails everywhere)."""
+    from attn_course.grading.exercises import lesson11
+    ex = get("11_block_forward")
+    for seed in range(8):
+        for case in ex.cases(torch.Generator().manual_seed(seed)):
+            assert 1 < case.params["num_kv_heads"] < case.params["num_heads"]
+            want = ex.expected(case)["y"]
+            for kw in (dict(post_norm=True), dict(residual=(False, False)), dict(eps_outside=True),
+                       dict(norm_axis=-2), dict(pairing="interleaved"), dict(rope_v=True), dict(swap_gate=True),
+                       dict(causal=False), dict(scale=False), dict(tile_kv=True)):
+                assert (lesson11._block(*lesson11._blk_args(case), **kw) - want).abs().max() > 1e-2, kw
+
+
+@pytest.mark.parametrize("mistake, hint", [
+    (dict(post_norm=True), "POST-norm"),
+    (dict(residual=(False, False)), "residual connections are missing"),
+    (dict(residual=(False, True)), "the attention's residual is missing"),
+    (dict(residual=(True, False)), "the FFN's residual is missing"),
+    (dict(eps_outside=True), "eps goes inside the square root"),
+    (dict(norm_dim=-2), "not over the sequence"),
+    (dict(interleaved=True), "interleaved RoPE convention"),
+    (dict(rope_v=True), "do not rotate v"),
+    (dict(swap=True), "gate and up are swapped"),
+    (dict(causal=False), "causal mask is missing"),
+    (dict(scale=False), "not scaled"),
+    (dict(tile_kv=True), "repeat_interleave"),
+])
+def test_block_forward_mistakes_hinted(mistake, hint):
+    assert_hint("11_block_forward", lambda *a: block_forward(*a, **mistake), hint)
+
+
+def test_block_forward_ungrouped_kv_crash_is_named():
+    def no_repeat(x, W, H, Hkv, eps):
+        B, L, D = x.shape
+        q = (x @ W["attn.q_proj.weight"].T).view(B, L, H, D // H).transpose(1, 2)
+        k = (x @ W["attn.k_proj.weight"].T).view(B, L, Hkv, D // H).transpose(1, 2)
+        return (q @ k.transpose(-2, -1)).sum(-1).transpose(1, 2).sum(-1, keepdim=True).expand(B, L, D)
+    assert_hint("11_block_forward", no_repeat, "k and v have num_kv_heads heads")
+
+
+def test_block_forward_forbids_the_package():
+    assert get("11_block_forward").forbidden == ("attn_course",)
+    assert get("11_block_forward").kind == "build"
+
+
+@pytest.mark.parametrize("error", ["IndexError: index 4 is out of bounds for dimension 0 with size 4",
+                                   "RuntimeError: stack expects each tensor to be equal size, but got [2] at entry 0 "
+                                   "and [3] at entry 1"])
+def test_convert_grouped_kv_index_and_stack_errors_are_named(error):
+    """Issue 24: a per-head permutation built for num_heads heads and applied to w_k crashes with these errors
+    (an index past the keys' rows; a head size that does not divide); the feedback names the GQA mistake."""
+    ex = get("11_convert_checkpoint")
+    case = ex.cases(torch.Generator().manual_seed(0))[0]
+    assert "num_kv_heads heads (GQA)" in ex.explain_error(case, error)
+
+
+def test_convert_keys_viewed_with_the_queries_head_size_named():
+    def k_as_q(w_q, w_k, H, Hkv):
+        dh = w_q.shape[0] // H
+        p = torch.stack((torch.arange(dh // 2), torch.arange(dh // 2, dh)), -1).flatten()
+        return w_q.view(H, dh, -1)[:, p].reshape(w_q.shape), w_k.view(H, dh, -1)[:, p].reshape(w_k.shape)
+    assert_hint("11_convert_checkpoint", k_as_q, "num_kv_heads heads")

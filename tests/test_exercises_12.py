@@ -190,3 +190,148 @@ def test_fix_reference_matches_the_module():
 ])
 def test_fix_mistakes_hinted(mistake, hint):
     assert_hint("12_fix_buggy_mla", lambda *a: mla_weights(*a, **mistake), hint)
+
+
+# ---- 12_absorbed_decode (build) ----------------------------------------------------------------------
+
+def _rope_at(t, position):
+    """apply_rope on t (..., d) at one integer position or at positions (S,) over the second-to-last axis."""
+    if isinstance(position, int):
+        return apply_rope(t.unsqueeze(-2), torch.tensor([position])).squeeze(-2)
+    return apply_rope(t, position)
+
+
+def absorbed_decode(q_nope, q_rope, c_kv, k_rope, kv_b_weight, *, scale="full", rope_latent=False, q_pos="last",
+                    rerotate_k=False, rope_part=True, split="head"):
+    """The absorbed step with the common mistakes as switches (never forms per-head keys or values)."""
+    B, H, dn = q_nope.shape
+    S, dr = k_rope.shape[1:]
+    dc = c_kv.shape[-1]
+    if split == "channel":
+        W = kv_b_weight.view(-1, H, dc).transpose(0, 1)
+    elif split == "view":
+        W = kv_b_weight.reshape(H, dc, -1).transpose(1, 2)
+    else:
+        W = kv_b_weight.view(H, -1, dc)
+    W_UK, W_UV = (W[:, -dn:], W[:, :-dn]) if split == "v_first" else (W[:, :dn], W[:, dn:])
+    if rope_latent:
+        c_kv = _rope_at(c_kv, torch.arange(S))
+    if rerotate_k:
+        k_rope = _rope_at(k_rope, torch.arange(S))
+    q_r = q_rope if q_pos is None else _rope_at(q_rope, S - 1 if q_pos == "last" else S)
+    s = torch.einsum("bhc,bsc->bhs", torch.einsum("bhd,hdc->bhc", q_nope, W_UK), c_kv)
+    if rope_part:
+        s = s + torch.einsum("bhr,bsr->bhs", q_r, k_rope)
+    width = {"full": dn + dr, "nope": dn, "latent": dc + dr}[scale]
+    p = (s / math.sqrt(width)).softmax(-1)
+    return torch.einsum("bhc,hvc->bhv", torch.einsum("bhs,bsc->bhc", p, c_kv), W_UV)
+
+
+def naive_decode(q_nope, q_rope, c_kv, k_rope, kv_b_weight, *, values_only=False):
+    """Per-head keys and values from the cache (the naive path): right numbers, wrong algorithm."""
+    B, H, dn = q_nope.shape
+    S, dr = k_rope.shape[1:]
+    W = kv_b_weight.view(H, -1, c_kv.shape[-1])
+    W_UK, W_UV = W[:, :dn], W[:, dn:]
+    v = torch.einsum("bsc,hvc->bhsv", c_kv, W_UV)                                 # per-head values (B, H, S, dv)
+    if values_only:                                                                # keys absorbed, values not
+        content = torch.einsum("bhc,bsc->bhs", torch.einsum("bhd,hdc->bhc", q_nope, W_UK), c_kv)
+    else:
+        content = torch.einsum("bhd,bhsd->bhs", q_nope, torch.einsum("bsc,hdc->bhsd", c_kv, W_UK))
+    s = content + torch.einsum("bhr,bsr->bhs", _rope_at(q_rope, S - 1), k_rope)
+    return torch.einsum("bhs,bhsv->bhv", (s / math.sqrt(dn + dr)).softmax(-1), v)
+
+
+def decode_case_from_module(m, x):
+    """The inputs of 12_absorbed_decode for the LAST token of x, taken from a MultiHeadLatentAttention."""
+    from attn_course.grading.spec import Case
+    S = x.shape[1]
+    q = m.q_proj(x[:, -1:]).view(x.shape[0], m.num_heads, -1)                      # (B, H, d_nope + d_R), unrotated
+    c_kv, k_rope = m.latents(x, torch.arange(S))
+    return Case("module", {"q_nope": q[..., :m.qk_nope_head_dim], "q_rope": q[..., m.qk_nope_head_dim:],
+                           "c_kv": c_kv, "k_rope": k_rope, "kv_b_weight": m.kv_b_proj.weight.detach()})
+
+
+@pytest.mark.parametrize("absorb", [False, True])
+def test_decode_reference_is_the_module_forward_at_the_last_position(absorb):
+    """The reference (the naive path in fp64) equals MultiHeadLatentAttention's full causal forward at the
+    last position, heads side by side before o_proj (o_proj set to the identity)."""
+    torch.manual_seed(0)
+    H, dv = 3, 5
+    m = MultiHeadLatentAttention(H * dv, H, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=6,
+                                 v_head_dim=dv).double()
+    with torch.no_grad():
+        m.o_proj.weight.copy_(torch.eye(H * dv))
+        x = torch.randn(2, 7, H * dv, dtype=torch.float64)
+        case = decode_case_from_module(m, x)
+        want = m(x, is_causal=True, absorb=absorb)[0][:, -1].view(2, H, dv)
+        torch.testing.assert_close(get("12_absorbed_decode").expected(case)["out"], want)
+        torch.testing.assert_close(absorbed_decode(*case.inputs.values()), want)
+
+
+def test_decode_reference_and_solution_style_pass():
+    assert_all_pass("12_absorbed_decode", absorbed_decode)
+
+
+def test_decode_solution_cell_passes_and_stub_is_not_attempted(capsys):
+    from pathlib import Path
+    import nbformat
+    from attn_course.grading import check
+    root = Path(__file__).resolve().parents[1]
+    for folder, want in (("solutions", 4.0), ("exercises", 0.0)):
+        nb = nbformat.read(root / folder / "12_multi_head_latent_attention.ipynb", as_version=4)
+        cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "12_absorbed_decode")
+        ns = {"torch": torch, "math": math}
+        exec(compile(cell.source, "<12_absorbed_decode cell>", "exec"), ns)
+        result = check("12_absorbed_decode", ns["absorbed_decode"])
+        assert result.score == want, capsys.readouterr().out
+        assert result.status == ("checked" if want else "not attempted")
+
+
+@pytest.mark.parametrize("values_only, hint", [(False, "B·H·S·min(d_nope, d_v)"),
+                                               (True, "W_UV was applied to the cache before the weighted sum")])
+def test_decode_materialising_keys_or_values_fails_every_case(values_only, hint):
+    """The property: the naive step (and the absorbed one that up-projects the values) computes the right
+    numbers but forms a per-head tensor; every case fails, naming it."""
+    from exercise_kit import results
+    fn = lambda *a: naive_decode(*a, values_only=values_only)
+    for seed in (0, 1, 2):
+        res = results("12_absorbed_decode", fn, seed)
+        assert res and not any(ok for ok, _ in res) and all(hint in msg for _, msg in res), res
+    ex = get("12_absorbed_decode")                              # the numbers themselves are right
+    case = ex.cases(torch.Generator().manual_seed(0))[0]
+    torch.testing.assert_close(fn(*case.inputs.values()), ex.expected(case)["out"], atol=1e-4, rtol=1e-3)
+
+
+def test_decode_cases_leave_room_for_the_absorbed_step():
+    """Every case: what the absorbed step must hold (kv_b's weight, the shared key [c_kv ; k_rope]) is below the
+    limit, while the per-head keys and values reach it; d_nope, d_v, d_c differ (the message names the tensor)."""
+    from attn_course.grading.exercises.lesson12 import _dec_limit, _dec_sizes
+    ex = get("12_absorbed_decode")
+    for seed in range(10):
+        for case in ex.cases(torch.Generator().manual_seed(seed)):
+            B, H, S, dn, dr, dv, dc = _dec_sizes(case)
+            limit = _dec_limit(case)
+            assert H * (dn + dv) * dc < limit and B * S * (dc + dr) < limit
+            assert B * H * S * dn >= limit and B * H * S * dv >= limit and len({dn, dv, dc}) == 3
+
+
+@pytest.mark.parametrize("mistake, hint", [
+    (dict(scale="nope"), "not 1/sqrt(d_nope)"),
+    (dict(scale="latent"), "does not change the scale"),
+    (dict(rope_latent=True), "RoPE must not touch the latent"),
+    (dict(q_pos=None), "you left it unrotated"),
+    (dict(q_pos="next"), "(not S)"),
+    (dict(rerotate_k=True), "already rotated at its own position"),
+    (dict(rope_part=False), "the rope part is missing"),
+    (dict(split="v_first"), "you took [v | k_nope]"),
+    (dict(split="channel"), "(d_nope + d_v, H)"),
+    (dict(split="view"), "where a transpose was needed"),
+])
+def test_decode_mistakes_hinted(mistake, hint):
+    assert_hint("12_absorbed_decode", lambda *a: absorbed_decode(*a, **mistake), hint)
+
+
+def test_decode_forbids_the_package():
+    assert get("12_absorbed_decode").forbidden == ("attn_course",)
+    assert get("12_absorbed_decode").kind == "build"

@@ -235,3 +235,26 @@ def draw(gen: torch.Generator, make: Callable[[torch.Generator], Any], ok: Calla
 def distinct(*values) -> bool:
     """True when no two of ``values`` are equal (the answer and the values of the mistakes a judge names)."""
     return len(set(values)) == len(values)
+
+
+# ---- lesson 12 (absorbed MLA decode): a size limit named in the exercise's own words ----------------------
+
+class Materialised(NotTiled):
+    """The learner's code created a tensor that the algorithm promises never to form (e.g. MLA's per-head keys)."""
+
+
+def limit_numel(answer_fn: Callable[[Any, Case], dict], limit_fn: Callable[[Case], int],
+                message_fn: Callable[[Case, tuple, int], str]) -> Callable[[Any, Case], dict]:
+    """``answer_fn`` that fails the case with :class:`Materialised` — its message ``message_fn(case, shape,
+    limit)`` names what a tensor of that ``shape`` is — when the learner's code created a tensor of
+    ``limit_fn(case)`` elements or more. Like ``Exercise.max_numel_fn`` (the same counter,
+    :class:`~attn_course.grading.guard.TensorCallWatch`), for a limit that is not the score matrix."""
+    def answer(obj, case):
+        from .guard import TensorCallWatch
+        limit = limit_fn(case)
+        with TensorCallWatch() as watch:
+            got = answer_fn(obj, case)
+        if watch.largest_numel >= limit:
+            raise Materialised(message_fn(case, watch.largest_shape, limit))
+        return got
+    return answer

@@ -154,6 +154,9 @@ def _conv_judge(got, want, case):
          "all rows at once.", _conv_expected(case, how="global")),
         ("w_k has num_kv_heads heads (GQA), not num_heads: split its rows into num_kv_heads blocks of head_dim.",
          {"w_q": want["w_q"], "w_k": _convert(i["w_k"], p["num_heads"]) if i["w_k"].shape[0] % p["num_heads"] == 0 else None}),
+        ("w_k has num_kv_heads heads (GQA), not num_heads: split its rows into num_kv_heads blocks of head_dim "
+         "(you viewed it as num_heads blocks of head_dim, which reshuffles rows across heads).",
+         {"w_q": want["w_q"], "w_k": _conv_k_as_q(case)}),
         ("the keys need the same permutation as the queries (RoPE rotates both).", {"w_q": want["w_q"], "w_k": i["w_k"]}),
         ("the queries need the same permutation as the keys (RoPE rotates both).", {"w_q": i["w_q"], "w_k": want["w_k"]}),
     ]
@@ -161,9 +164,18 @@ def _conv_judge(got, want, case):
     return diagnose(got, cands, "wrong rows: permute the rows of each head by [0, d_h/2, 1, d_h/2+1, ...].")
 
 
+def _conv_k_as_q(case):
+    """w_k viewed as (num_heads, head_dim, ·) with the queries' head_dim (possible when the sizes divide)."""
+    i, H = case.inputs, case.params["num_heads"]
+    w, dh = i["w_k"], i["w_q"].shape[0] // H
+    return None if w.numel() % (H * dh) else w.reshape(H, dh, -1)[:, _perm(dh)].reshape(w.shape)
+
+
 def _conv_error_hint(case, error):
-    """Splitting w_k into num_heads blocks raises a shape error whenever num_kv_heads < num_heads divides badly."""
-    if any(w in error for w in ("is invalid for input of size", "shape '[", "must be divisible", "view size")):
+    """Splitting w_k into num_heads blocks raises a shape error whenever num_kv_heads < num_heads divides badly
+    (a view, or a permutation built for one head size and applied to another)."""
+    if any(w in error for w in ("is invalid for input of size", "shape '[", "must be divisible", "view size",
+                                "stack expects each tensor to be equal size", "out of bounds for dimension")):
         return ("w_k has num_kv_heads heads (GQA), not num_heads: split its rows into num_kv_heads blocks of "
                 "head_dim = w_k.shape[0] // num_kv_heads.")
     return None
@@ -353,6 +365,130 @@ def _fix_judge(got, want, case):
     return diagnose(got["out"], cands, f"wrong values (largest difference {_max_diff(got['out'], want['out'])}).")
 
 
+# ---- 11_block_forward -----------------------------------------------------------------------------------
+
+_BLOCK_WEIGHTS = ("norm1.weight", "attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight",
+                  "attn.out_proj.weight", "norm2.weight", "ffn.w1.weight", "ffn.w3.weight", "ffn.w2.weight")
+
+
+def _block(x, w, H, Hkv, eps, *, post_norm=False, residual=(True, True), eps_outside=False, norm_axis=-1,
+           pairing="half", rope=True, rope_v=False, causal=True, scale=True, swap_gate=False, tile_kv=False):
+    """The pre-norm block from its weights in float64 (Xiong et al. 2020 Fig. 1(b); Shazeer 2020 Eq. 6), with
+    switches for the common mistakes."""
+    x = x.to(_F64)
+    w = {k: v.to(_F64) for k, v in w.items()}
+    B, L, D = x.shape
+    dh, pos = D // H, torch.arange(L)
+
+    def rms(t, g):                                                   # RMSNorm (Zhang & Sennrich 2019, Eq. 4)
+        ms = t.pow(2).mean(norm_axis, keepdim=True)
+        return t / (ms.sqrt() + eps if eps_outside else torch.sqrt(ms + eps)) * g
+
+    def attn(h):
+        q, k, v = ((h @ w[f"attn.{n}_proj.weight"].T).view(B, L, -1, dh).transpose(1, 2) for n in "qkv")
+        if rope:
+            q, k = _rope(q, pos, pairing=pairing), _rope(k, pos, pairing=pairing)
+        if rope_v:
+            v = _rope(v, pos, pairing=pairing)
+        G = H // Hkv                                                 # query head i reads kv head i // G
+        k, v = ((t.repeat(1, G, 1, 1) if tile_kv else t.repeat_interleave(G, dim=1)) for t in (k, v))
+        s = q @ k.transpose(-2, -1) / (math.sqrt(dh) if scale else 1.0)
+        if causal:
+            s = s.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
+        return (s.softmax(-1) @ v).transpose(1, 2).reshape(B, L, D) @ w["attn.out_proj.weight"].T
+
+    def ffn(u):
+        gate, up = u @ w["ffn.w1.weight"].T, u @ w["ffn.w3.weight"].T
+        if swap_gate:
+            gate, up = up, gate
+        return (torch.nn.functional.silu(gate) * up) @ w["ffn.w2.weight"].T
+
+    if post_norm:                                                    # the 2017 Transformer's order
+        h = rms(x + attn(x), w["norm1.weight"])
+        return rms(h + ffn(h), w["norm2.weight"])
+    h = (x if residual[0] else 0.0) + attn(rms(x, w["norm1.weight"]))
+    return (h if residual[1] else 0.0) + ffn(rms(h, w["norm2.weight"]))
+
+
+def _blk_cases(gen):
+    out = []
+    for _ in range(3):
+        # GQA everywhere with 1 < num_kv_heads < num_heads (so the kv-head grouping matters), an eps large
+        # enough that its place matters, head_dim even (RoPE)
+        H = choice(gen, (4, 6))
+        Hkv = choice(gen, [h for h in (2, 3) if H % h == 0])
+        B, L, dh, F = randint(gen, 1, 2), randint(gen, 5, 9), choice(gen, (4, 6, 8)), randint(gen, 12, 40)
+        D, eps = H * dh, choice(gen, (0.02, 0.05, 0.1, 0.2))
+        shapes = {"norm1.weight": (D,), "attn.q_proj.weight": (D, D), "attn.k_proj.weight": (Hkv * dh, D),
+                  "attn.v_proj.weight": (Hkv * dh, D), "attn.out_proj.weight": (D, D), "norm2.weight": (D,),
+                  "ffn.w1.weight": (F, D), "ffn.w3.weight": (F, D), "ffn.w2.weight": (D, F)}
+        t = {"x": torch.randn(B, L, D, generator=gen)}
+        for n, shape in shapes.items():
+            r = torch.randn(*shape, generator=gen)
+            t[n] = 1.0 + 0.3 * r if len(shape) == 1 else r / math.sqrt(shape[1])
+        out.append(Case(f"x (B={B}, L={L}, d_model={D}), num_heads={H}, num_kv_heads={Hkv}, ffn_dim={F}, eps={eps}",
+                        t, {"num_heads": H, "num_kv_heads": Hkv, "eps": eps}))
+    return out
+
+
+def _blk_args(case):
+    i, p = case.inputs, case.params
+    return i["x"], {n: i[n] for n in _BLOCK_WEIGHTS}, p["num_heads"], p["num_kv_heads"], p["eps"]
+
+
+def _blk_answer(fn, case):
+    return {"y": fn(*_blk_args(case))}
+
+
+def _blk_expected(case):
+    """attn_course.TransformerBlock with the drawn sizes, loaded with the case's weights (float64)."""
+    from ...block import TransformerBlock
+    x, w, H, Hkv, eps = _blk_args(case)
+    D, F = x.shape[-1], w["ffn.w1.weight"].shape[0]
+    block = TransformerBlock(D, H, Hkv, F).double().eval()
+    block.norm1.eps = block.norm2.eps = eps
+    block.load_state_dict({n: t.double() for n, t in w.items()})
+    with torch.no_grad():
+        return {"y": block(x.double()).to(x.dtype)}
+
+
+def _blk_judge(got, want, case):
+    if close(got["y"], want["y"], atol=1e-4, rtol=1e-3):
+        return Verdict(True)
+    a = _blk_args(case)
+    return diagnose(got["y"], [
+        ("that is POST-norm (norm after adding the residual, as in the 2017 Transformer); this block is pre-norm: "
+         "h = x + Attn(RMSNorm₁(x)), y = h + FFN(RMSNorm₂(h)).", _block(*a, post_norm=True)),
+        ("the residual connections are missing: add each sub-layer's output to its input, h = x + Attn(RMSNorm₁(x)) "
+         "and y = h + FFN(RMSNorm₂(h)).", _block(*a, residual=(False, False))),
+        ("the attention's residual is missing: h = x + Attn(RMSNorm₁(x)).", _block(*a, residual=(False, True))),
+        ("the FFN's residual is missing: y = h + FFN(RMSNorm₂(h)).", _block(*a, residual=(True, False))),
+        ("RMSNorm's eps goes inside the square root: x / sqrt(mean(x²) + eps).", _block(*a, eps_outside=True)),
+        ("RMSNorm averages over the features (the last axis, d_model), not over the sequence.",
+         _block(*a, norm_axis=-2)),
+        ("you paired neighbours (2i, 2i+1) — the interleaved RoPE convention; the course's block pairs channel i "
+         "with i + d_h/2 (half-split, rotate_half).", _block(*a, pairing="interleaved")),
+        ("RoPE belongs on q and k only: values carry content, not position — do not rotate v.",
+         _block(*a, rope_v=True)),
+        ("q and k must be rotated by RoPE at positions 0..L-1.", _block(*a, rope=False)),
+        ("SwiGLU's gate and up are swapped: FFN(u) = w2(SiLU(w1 u) ⊙ w3 u) — SiLU on w1's output.",
+         _block(*a, swap_gate=True)),
+        ("the causal mask is missing: token i may only attend to tokens j ≤ i.", _block(*a, causal=False)),
+        ("the scores are not scaled: divide q·k by sqrt(head_dim).", _block(*a, scale=False)),
+        ("query head i reads kv head i // (num_heads / num_kv_heads): repeat each kv head for its group "
+         "(repeat_interleave), not the whole stack (repeat tiles it).", _block(*a, tile_kv=True)),
+    ], f"wrong values (largest difference {_max_diff(got['y'], want['y'])}): h = x + Attn(RMSNorm₁(x)), "
+       f"y = h + FFN(RMSNorm₂(h)).")
+
+
+def _blk_error_hint(case, error):
+    """q with num_heads heads against k, v with num_kv_heads heads: a broadcast or view error."""
+    if any(w in error for w in ("must match the size of tensor", "is invalid for input of size")):
+        return ("k and v have num_kv_heads heads (their projections are num_kv_heads·head_dim wide): repeat each "
+                "kv head for the num_heads / num_kv_heads query heads of its group (repeat_interleave on the "
+                "head axis), or pass enable_gqa=True to F.scaled_dot_product_attention.")
+    return None
+
 EXERCISES = [
     Exercise("11_sinusoidal", 1, "Sinusoidal position encoding by hand",
              "a function sinusoidal(positions, dim) -> float32 (L, dim)",
@@ -373,4 +509,8 @@ EXERCISES = [
     Exercise("11_fix_block_attention", 3, "Find the bugs in a block's attention",
              "a function attend(x, W_q, W_k, W_v, g_q, g_k, num_heads) -> (B, L, d_model), causal",
              _fix_cases, _fix_answer, _fix_expected, _fix_judge, forbidden=FORBID_SDPA + FORBID_COURSE, kind="debug"),
+    Exercise("11_block_forward", 4, "The pre-norm transformer block, forward, by hand",
+             "a function block_forward(x, weights, num_heads, num_kv_heads, eps) -> (B, L, d_model)",
+             _blk_cases, _blk_answer, _blk_expected, _blk_judge, forbidden=FORBID_COURSE,
+             error_hint_fn=_blk_error_hint, kind="build"),
 ]

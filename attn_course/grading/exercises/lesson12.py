@@ -11,7 +11,8 @@ import math
 
 import torch
 
-from ..spec import Case, Exercise, FORBID_COURSE, Verdict, close, diagnose, randint, choice, draw, distinct
+from ..spec import (Case, Exercise, FORBID_COURSE, Verdict, close, diagnose, randint, choice, draw, distinct,
+                    limit_numel)
 from .lesson07 import _rope
 
 __all__ = ["EXERCISES"]
@@ -236,6 +237,128 @@ def _fix_judge(got, want, case):
     ], f"wrong weights (largest difference {_max_diff(got['weights'], want['weights'])}).")
 
 
+# ---- 12_absorbed_decode ---------------------------------------------------------------------------------
+
+def _dec_sizes(case):
+    B, H, dn = case.inputs["q_nope"].shape
+    S, dc = case.inputs["c_kv"].shape[1:]
+    return B, H, S, dn, case.inputs["q_rope"].shape[-1], case.inputs["kv_b_weight"].shape[0] // H - dn, dc
+
+
+def _dec_limit(case):
+    """Elements of the smaller of the per-head keys (B·H·S·d_nope) and values (B·H·S·d_v): no tensor that large."""
+    B, H, S, dn, dr, dv, dc = _dec_sizes(case)
+    return B * H * S * min(dn, dv)
+
+
+def _dec_cases(gen):
+    def make(g):
+        return (randint(g, 1, 2), randint(g, 3, 4), randint(g, 18, 40), choice(g, (4, 6, 8)), choice(g, (2, 4)),
+                choice(g, (4, 6, 8)), choice(g, (6, 8, 10)))
+
+    def ok(s):              # what an absorbed step holds (kv_b's weight, the shared key [c_kv; k_rope]) stays below
+        B, H, S, dn, dr, dv, dc = s                                      # the limit; every scale mistake differs
+        limit = B * H * S * min(dn, dv)
+        return (H * (dn + dv) * dc < limit and B * S * (dc + dr) < limit and distinct(dn, dn + dr, dc + dr)
+                and distinct(dn, dv, dc))          # keys, values and latent are told apart by their width
+    cases = []
+    for B, H, S, dn, dr, dv, dc in (draw(gen, make, ok) for _ in range(3)):
+        t = {"q_nope": torch.randn(B, H, dn, generator=gen), "q_rope": torch.randn(B, H, dr, generator=gen),
+             "c_kv": torch.randn(B, S, dc, generator=gen), "k_rope": torch.randn(B, S, dr, generator=gen),
+             "kv_b_weight": torch.randn(H * (dn + dv), dc, generator=gen) / math.sqrt(dc)}
+        cases.append(Case(f"B={B}, H={H}, S={S} cached tokens, d_nope={dn}, d_R={dr}, d_v={dv}, d_c={dc}", t))
+    return cases
+
+
+def _dec_answer(fn, case):
+    i = case.inputs
+    return {"out": fn(i["q_nope"], i["q_rope"], i["c_kv"], i["k_rope"], i["kv_b_weight"])}
+
+
+def _dec_split(W, H, dn, dv, dc, how):
+    """W_UK (H, d_nope, d_c), W_UV (H, d_v, d_c) from kv_b_proj's weight, read as ``how``."""
+    if how == "channel":                                             # rows read as (d_nope + d_v, H)
+        Wh = W.view(dn + dv, H, dc).transpose(0, 1)
+    elif how == "view":                                              # a view where a transpose was meant
+        Wh = W.reshape(H, dc, dn + dv).transpose(1, 2)
+    else:
+        Wh = W.view(H, dn + dv, dc)
+    return (Wh[:, dv:], Wh[:, :dv]) if how == "v_first" else (Wh[:, :dn], Wh[:, dn:])
+
+
+def _decode(case, *, scale="full", split="head", q_pos="last", rope_latent=None, rerotate_k=False, rope_part=True):
+    """The new token's per-head outputs (B, H, d_v) by the NAIVE path in float64: up-project the cache into
+    per-head keys and values (Eqs. 10, 11, 17), then attend (Eq. 18). Switches give the common mistakes."""
+    i = {k: v.to(_F64) for k, v in case.inputs.items()}
+    B, H, S, dn, dr, dv, dc = _dec_sizes(case)
+    W_UK, W_UV = _dec_split(i["kv_b_weight"], H, dn, dv, dc, split)
+    pos = {"last": S - 1, "next": S}.get(q_pos)
+    q_rope = i["q_rope"] if pos is None else _rope(i["q_rope"][:, :, None], torch.tensor([pos]))[:, :, 0]
+    k_rope = _rope(i["k_rope"], torch.arange(S)) if rerotate_k else i["k_rope"]
+    c = i["c_kv"]
+    c_k = _rope(c, torch.arange(S)) if rope_latent else c                   # RoPE on the latent: keys ...
+    c_v = c_k if rope_latent == "both" else c                               # ... and values
+    k_nope = torch.einsum("bsc,hdc->bhsd", c_k, W_UK)                       # Eq. (10): per-head content keys
+    v = torch.einsum("bsc,hvc->bhsv", c_v, W_UV)                            # Eq. (11): per-head values
+    s = torch.einsum("bhd,bhsd->bhs", i["q_nope"], k_nope)
+    if rope_part:
+        s = s + torch.einsum("bhr,bsr->bhs", q_rope, k_rope)                # Eq. (17): the shared rope key
+    width = {"full": dn + dr, "nope": dn, "latent": dc + dr, "none": 1}[scale]
+    p = (s / math.sqrt(width)).softmax(-1)                                  # Eq. (18)
+    return {"out": torch.einsum("bhs,bhsv->bhv", p, v).to(case.inputs["q_nope"].dtype)}
+
+
+def _dec_expected(case):
+    return _decode(case)
+
+
+def _dec_judge(got, want, case):
+    if close(got["out"], want["out"], atol=1e-4, rtol=1e-3):
+        return Verdict(True)
+    latent = ("RoPE must not touch the latent: c_kv is position-free (only the rope channels are rotated), "
+              "and a rotated latent could not be absorbed")
+    layout = ("kv_b_proj's weight is (H·(d_nope + d_v), d_c) with head-major rows and [k_nope | v] within each "
+              "head: W_UK[h] = rows h·(d_nope+d_v) … +d_nope, W_UV[h] the d_v rows after them")
+    return diagnose(got, [
+        ("the softmax scale is 1/sqrt(d_nope + d_R) — the width of the full query and key (Eq. 18) — not "
+         "1/sqrt(d_nope).", _decode(case, scale="nope")),
+        ("the softmax scale is 1/sqrt(d_nope + d_R), the width of the ORIGINAL query·key (Eq. 18): absorption "
+         "only re-associates the product, so the absorbed query's width d_c + d_R does not change the scale.",
+         _decode(case, scale="latent")),
+        ("the scores are not scaled: divide by sqrt(d_nope + d_R).", _decode(case, scale="none")),
+        (latent + ".", _decode(case, rope_latent="both")),
+        (latent + " (you rotated the latent on the key side).", _decode(case, rope_latent="keys")),
+        ("rotate q_rope at the new token's position S − 1 (the last of the S cached tokens): you left it "
+         "unrotated (or rotated it at position 0, which is no rotation).", _decode(case, q_pos=None)),
+        ("the new token is already in the cache, at position S − 1 (not S): rotate q_rope there.",
+         _decode(case, q_pos="next")),
+        ("the cached k_rope is already rotated at its own position: rotate only the new query.",
+         _decode(case, rerotate_k=True)),
+        ("the score has two parts: q_latent·c_kv (content) PLUS q_rope·k_rope (position) — the rope part is "
+         "missing.", _decode(case, rope_part=False)),
+        (layout + "; you took [v | k_nope].", _decode(case, split="v_first")),
+        (layout + "; you read the rows as (d_nope + d_v, H).", _decode(case, split="channel")),
+        (layout + "; you reshaped it to (H, d_c, d_nope + d_v) where a transpose was needed.",
+         _decode(case, split="view")),
+    ], f"wrong values (largest difference {_max_diff(got['out'], want['out'])}): out[b, h] = W_UV[h] Σ_s p_s c_s "
+       f"with p = softmax((W_UK[h]ᵀ q_nope)·c_s + RoPE(q_rope)·k_rope_s) / sqrt(d_nope + d_R)).")
+
+
+def _dec_materialised(case, shape, limit):
+    """Names the tensor that broke the limit by its shape (the cases keep d_nope, d_v and d_c apart). Short: the
+    feedback keeps the first 240 characters of an error."""
+    B, H, S, dn, dr, dv, dc = _dec_sizes(case)
+    what = {(B, H, S, dv): "per-head values — W_UV was applied to the cache before the weighted sum; sum the "
+                           "latents first, then apply W_UV",
+            (B, H, S, dn): "per-head keys — W_UK was applied to the cache; absorb it into the query instead",
+            (B, H, S, dc): "a per-head copy of the latent (an expand counts too); keep c_kv shared",
+            (B, S, H * (dn + dv)): "per-head keys and values — kv_b_proj was applied to the cache; absorb W_UK "
+                                   "into the query, apply W_UV after the weighted sum"}
+    what[(B, S, H * dv)], what[(B, S, H * dn)] = what[(B, H, S, dv)], what[(B, H, S, dn)]
+    return (f"your code formed a {shape} tensor (≥ {limit} elements = B·H·S·min(d_nope, d_v)): "
+            + what.get(tuple(shape), "as large as per-head keys or values, which absorbed decoding never forms") + ".")
+
+
 EXERCISES = [
     Exercise("12_cache_bytes", 1, "MLA's cache in bytes",
              "a function mla_cache_bytes(seq_len, batch_size, num_layers, num_heads, kv_lora_rank, "
@@ -251,4 +374,8 @@ EXERCISES = [
     Exercise("12_fix_buggy_mla", 3, "Find the bugs: RoPE on the latent, the wrong scale",
              "a function mla_weights(c_kv, k_rope, q_nope, q_rope, W_UK) -> causal weights (B, H, S, S)",
              _fix_cases, _fix_answer, _fix_expected, _fix_judge, kind="debug"),
+    Exercise("12_absorbed_decode", 4, "The absorbed decode step over the latent cache",
+             "a function absorbed_decode(q_nope, q_rope, c_kv, k_rope, kv_b_weight) -> (B, H, d_v)",
+             _dec_cases, limit_numel(_dec_answer, _dec_limit, _dec_materialised), _dec_expected, _dec_judge,
+             forbidden=FORBID_COURSE, kind="build"),
 ]
