@@ -3,6 +3,7 @@
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -199,3 +200,14 @@ def test_ci_runs_make_test():
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test" in ci
     assert (ROOT / ".ci" / "run").stat().st_mode & 0o111, ".ci/run must be executable"
+
+
+def test_import_works_from_the_checkouts_parent_folder(tmp_path):
+    """Issue 23 (newcomer P12): the checkout is named like the package, so from its parent folder
+    ``attn_course`` is also a directory without ``__init__.py`` there. The install (editable_mode=compat: a
+    path entry, not a meta-path finder) must still give the real package, not an empty namespace."""
+    (tmp_path / "attn_course").symlink_to(ROOT, target_is_directory=True)
+    res = subprocess.run([sys.executable, "-c", "from attn_course import attention; import attn_course; "
+                          "print(attn_course.__file__)"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().endswith("__init__.py")
