@@ -189,3 +189,16 @@ def test_grader_agrees_with_check(tmp_path, capsys):
             for i, text in hints.items():
                 hint = CELLS[i][2][0][1]
                 assert (hint in text) if hint != "FORBIDDEN" else ("which this exercise forbids" in text), (i, text)
+
+
+def test_a_cell_that_runs_flex_attention_under_the_guard_leaves_later_compiles_working(capsys):
+    """A learner's answer that calls FlexAttention (it compiles, even in eager mode) runs under the guard's
+    spies; what torch.compile cached there used to break every later flex_attention in the process ("Attempted
+    to call function marked as skipped") — the lesson's own cells after a check(), and this test suite."""
+    from attn_course import sparse
+    cell = next(src for src, hint in CELLS["09_window_tiles"][2] if "flex_attention" in src)
+    assert check_cell("09_window_tiles", cell).status == "forbidden"
+    capsys.readouterr()
+    q, k, v = (torch.randn(1, 1, 16, 8, dtype=torch.float64) for _ in range(3))
+    out = sparse.flex(q, k, v, block_mask=sparse.block_mask(sparse.causal(), 16, block=8), compiled=False)
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))

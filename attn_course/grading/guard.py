@@ -301,6 +301,8 @@ class RuntimeGuard:
     def _profile(self, frame, event, arg):
         if event == "call":
             code = frame.f_code
+            if not self._ran_dynamo and _DYNAMO_DIR in code.co_filename:
+                self._ran_dynamo = True
             name = (self._codes.get(code) or (self._dirs and self._file_rule(code.co_filename))
                     or self._reference_rule(frame))
             if name:
@@ -311,6 +313,7 @@ class RuntimeGuard:
                 self.violations.add(name)
 
     def __enter__(self):
+        self._ran_dynamo = False
         if not self.forbidden:
             return self
         self._old_profile = sys.getprofile()
@@ -321,13 +324,21 @@ class RuntimeGuard:
         return self
 
     def __exit__(self, *exc):
-        if not self.forbidden:
-            return False
-        if self._spy is not None:
-            self._spy.__exit__(*exc)
-            self._spy = None
-        sys.setprofile(self._old_profile)
+        if self.forbidden:
+            if self._spy is not None:
+                self._spy.__exit__(*exc)
+                self._spy = None
+            sys.setprofile(self._old_profile)
+            if self._ran_dynamo:
+                # The learner's code ran torch.compile (FlexAttention compiles even in eager mode) under the
+                # guard's spies: what it cached would break later compiles in this process (the lesson's own
+                # flex_attention raised "Attempted to call function marked as skipped"), so drop it.
+                import torch._dynamo
+                torch._dynamo.reset()
         return False
+
+
+_DYNAMO_DIR = os.sep + os.path.join("torch", "_dynamo") + os.sep
 
 
 # ---- which source is judged ------------------------------------------------------------------------------
