@@ -352,21 +352,6 @@ def test_block_forward_reference_alternative_and_package_pass():
     assert_all_pass("11_block_forward", block_with_the_package)
 
 
-def test_block_forward_solution_cell_passes_and_stub_is_not_attempted(capsys):
-    from attn_course.grading import check
-    import nbformat
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
-    for folder, want in (("solutions", 4.0), ("exercises", 0.0)):
-        nb = nbformat.read(root / folder / "11_positions_normalisation_and_the_block.ipynb", as_version=4)
-        cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "11_block_forward")
-        ns = {"torch": torch, "math": math}
-        exec(compile(cell.source, "<11_block_forward cell>", "exec"), ns)
-        result = check("11_block_forward", ns["block_forward"])
-        assert result.score == want, capsys.readouterr().out
-        assert result.status == ("checked" if want else "not attempted")
-
-
 def test_block_forward_cases_are_grouped_and_every_mistake_differs():
     """Every case has 1 < num_kv_heads < num_heads (so the grouping matters), and no named mistake coincides
     with the block's output on any case (so each fails everywhere)."""

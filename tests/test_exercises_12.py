@@ -273,21 +273,6 @@ def test_decode_reference_and_solution_style_pass():
     assert_all_pass("12_absorbed_decode", absorbed_decode)
 
 
-def test_decode_solution_cell_passes_and_stub_is_not_attempted(capsys):
-    from pathlib import Path
-    import nbformat
-    from attn_course.grading import check
-    root = Path(__file__).resolve().parents[1]
-    for folder, want in (("solutions", 4.0), ("exercises", 0.0)):
-        nb = nbformat.read(root / folder / "12_multi_head_latent_attention.ipynb", as_version=4)
-        cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "12_absorbed_decode")
-        ns = {"torch": torch, "math": math}
-        exec(compile(cell.source, "<12_absorbed_decode cell>", "exec"), ns)
-        result = check("12_absorbed_decode", ns["absorbed_decode"])
-        assert result.score == want, capsys.readouterr().out
-        assert result.status == ("checked" if want else "not attempted")
-
-
 @pytest.mark.parametrize("values_only, hint", [(False, "B·H·S·min(d_nope, d_v)"),
                                                (True, "W_UV was applied to the cache before the weighted sum")])
 def test_decode_materialising_keys_or_values_fails_every_case(values_only, hint):

@@ -56,3 +56,19 @@ def test_solutions_get_full_marks_and_stubs_zero(tmp_path):
         r = graded[f"ex_{stem}"]
         assert r["error"] is None and r["lesson"] == stem and r["total"] == 0, (stem, r["error"])
         assert all(e["status"] == "not attempted" for e in r["exercises"].values()), (stem, r["exercises"])
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_every_released_stub_is_not_attempted_in_check(stem, capsys):
+    """Every exercise cell of the released notebook, run as a learner would and passed to check(): 0 points,
+    "not attempted" (the grader's side is test_solutions_get_full_marks_and_stubs_zero; the solutions' own
+    check cells are compared by nbval)."""
+    from attn_course.grading import check
+    from learner_cells import CELLS                       # id -> (the function the cell defines, ...)
+    from test_grading_learners import run_cell
+    cells = nbk.exercise_cells(nbk.read(ROOT / "exercises" / f"{stem}.ipynb"))
+    assert cells
+    for ex_id, cell in cells.items():
+        result = check(ex_id, run_cell(nbk.source_of(cell))[CELLS[ex_id][0]])
+        assert result.status == "not attempted" and result.score == 0, (ex_id, result)
+    capsys.readouterr()
