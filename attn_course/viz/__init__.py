@@ -4,6 +4,8 @@
     plot_heads(weights)       (H, Lq, Lk), one panel per head, ONE shared colour scale and bar -> Figure
     plot_mask(mask)           bool (True = may attend) or additive float mask -> Axes
     show_source(obj)          display a package object's source in a notebook (plain print elsewhere)
+    spread(values)            mean ± sd (n, min–max) of repeated measurements, e.g. one per seed
+    plot_loss_curves(runs)    mean training curve per model with its min–max band over seeds -> Axes
 
 Rows are queries (the position that *looks*), columns are keys (the positions it looks *at*); row i of
 an attention map is the distribution query i puts over the keys. Every function accepts tensors on any
@@ -21,7 +23,8 @@ import numpy as np
 
 from .._notebook import in_kernel
 
-__all__ = ["plot_attention", "plot_heads", "plot_mask", "show_source", "table"]
+__all__ = ["plot_attention", "plot_heads", "plot_mask", "show_source", "table", "spread", "Spread",
+           "plot_loss_curves"]
 
 _MAX_LABELS = 48          # above this many tokens we show every k-th label
 _CMAP = "viridis"
@@ -306,3 +309,6 @@ from . import vision as _vision  # noqa: E402
 from .vision import *  # noqa: F401,F403,E402  (lesson 06 figures)
 
 __all__ += list(_vision.__all__)
+
+
+from .curves import Spread, plot_loss_curves, spread  # noqa: E402  (re-exported)
