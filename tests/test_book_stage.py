@@ -75,8 +75,8 @@ def _course(tmp_path, *, sources=True, capstone=False) -> Path:
               {**_code("raise NotImplementedError"), "metadata": {"nbgrader": {"solution": True}}}], widgets=False)
     (root / "exercises" / "01_a.ipynb").write_text(json.dumps(ex))
     if capstone:
-        (root / "exercises" / "14_capstone.ipynb").write_text(json.dumps(
-            _nb([_md("# Capstone 14 — Design your own"), {**_code("pass"), "metadata": {"nbgrader": {"solution": True}}}],
+        (root / "exercises" / "16_capstone.ipynb").write_text(json.dumps(
+            _nb([_md("# Capstone 16 — Design your own"), {**_code("pass"), "metadata": {"nbgrader": {"solution": True}}}],
                 widgets=False)))
     return root
 
@@ -95,7 +95,7 @@ def test_lessons_and_exercises_are_found_by_glob_with_titles_and_counts(tmp_path
     assert [(i.number, i.title, i.notebook, i.exercises, i.exercise_count) for i in items] == [
         ("01", "Attention A", "notebooks/01_a.ipynb", "exercises/01_a.ipynb", 2),
         ("02", "B", "notebooks/02_b.ipynb", None, 0),
-        ("14", "Design your own", None, "exercises/14_capstone.ipynb", 1)]
+        ("16", "Design your own", None, "exercises/16_capstone.ipynb", 1)]
 
 
 def test_explorers_become_pictures_with_a_live_note_and_no_widget_state(tmp_path):
@@ -143,9 +143,9 @@ def test_landing_page_table_toc_and_guides(tmp_path):
     table = (dest / "_generated" / "lessons.md").read_text()
     assert "| 01 | [Attention A](notebooks/01_a.ipynb) | what lesson one builds | [2 exercises](exercises/01_a.ipynb) |" in table
     assert f"[lesson]({_colab.colab_url('notebooks/01_a.ipynb')}) · [exercises]({_colab.colab_url('exercises/01_a.ipynb')})" in table
-    assert "| 14 | Design your own (exercises only) |" in table
+    assert "| 16 | Design your own (exercises only) |" in table
     assert table.split("```{toctree}")[1].split("\n\n")[1].split("\n")[:3] == [
-        "notebooks/01_a", "notebooks/02_b", "exercises/14_capstone"]
+        "notebooks/01_a", "notebooks/02_b", "exercises/16_capstone"]
     guides = (dest / "_generated" / "guides.md").read_text()
     assert guides.split("\n\n")[1].split("\n")[:4] == ["docs/exercises", "docs/grading", "docs/api", "docs/about"]
     assert "sources" not in guides and "DESIGN" not in guides and not (dest / "docs" / "DESIGN.md").exists()

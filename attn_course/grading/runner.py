@@ -657,7 +657,7 @@ def grade_cli(args) -> int:
     return 0
 
 
-# ---- the capstone's leaderboard (lesson 14) --------------------------------------------------------------
+# ---- the capstone's leaderboard (lesson 16) --------------------------------------------------------------
 
 def leaderboard_rows(reports: list[dict], ex_id: str) -> list[dict]:
     """One row per submission of the open exercise ``ex_id``: its measured numbers, ``within budget`` (every

@@ -84,7 +84,7 @@ class Exercise:
     #   with this many elements or more on this case (e.g. ``lambda c: Lq * Lk``, the whole score matrix)
     kind: str = ""                                  # (contract) one of KINDS: what the exercise asks the learner
     #   to do — build the lesson's algorithm, compute a quantity, predict an outcome, debug code, or an open design
-    # The capstone (an "open" exercise, lesson 14): measured numbers for the leaderboard.
+    # The capstone (an "open" exercise, lesson 16): measured numbers for the leaderboard.
     measure_fn: Callable[[dict, Case], dict] | None = None   # (got, case) -> {name: number or bool}: what the
     #   grader measured on this case (kept in the report; booleans are budget checks, all True = within budget)
     rank_by: str = ""                               # the measured name ``attn-course grade`` ranks a class by in

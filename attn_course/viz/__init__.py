@@ -311,4 +311,4 @@ from .vision import *  # noqa: F401,F403,E402  (lesson 06 figures)
 __all__ += list(_vision.__all__)
 
 
-from .curves import Spread, plot_loss_curves, spread  # noqa: E402  (re-exported)
+from ._curves import Spread, plot_loss_curves, spread  # noqa: E402  (re-exported)

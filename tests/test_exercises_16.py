@@ -20,13 +20,13 @@ from attn_course.gqa import KVCache
 from attn_course.grading import check
 from attn_course.grading import notebook as nbk
 from attn_course.grading.cli import main as cli
-from attn_course.grading.exercises import get, lesson14
+from attn_course.grading.exercises import get, lesson16
 from attn_course.grading.runner import leaderboard_rows
 from exercise_kit import results
-from learner_cells_14 import CELLS, _ALIBI_MQA, _BIGRAM, _gqa
+from learner_cells_16 import CELLS, _ALIBI_MQA, _BIGRAM, _gqa
 
 ROOT = Path(__file__).resolve().parents[1]
-STEM = "14_capstone_tiny_language_model"
+STEM = "16_capstone_tiny_language_model"
 PARAMS, DECODE, KV, LOSS = range(4)           # the order of the four checks (one point each)
 
 
@@ -42,31 +42,31 @@ def cell(source: str):
 def solution_source() -> str:
     nb = nbk.read(ROOT / "solutions" / f"{STEM}.ipynb")
     cells = nbk.exercise_cells(nb)
-    return "import torch.nn.functional as F\nfrom torch import nn\n" + nbk.source_of(cells["14_capstone"])
+    return "import torch.nn.functional as F\nfrom torch import nn\n" + nbk.source_of(cells["16_capstone"])
 
 
 @pytest.fixture
 def short(monkeypatch):
     """A 5-step recipe: fast, for tests whose point is not the loss (which then fails the bar)."""
-    monkeypatch.setitem(lesson14.RECIPE, "steps", 5)
+    monkeypatch.setitem(lesson16.RECIPE, "steps", 5)
 
 
 # ---- the measurement -------------------------------------------------------------------------------------
 
 def test_cache_bytes_counts_every_storage_once():
     k, v = torch.zeros(1, 2, 10, 16), torch.zeros(1, 2, 10, 16, dtype=torch.float16)
-    assert lesson14.cache_bytes([(k, v)]) == 10 * 32 * 4 + 10 * 32 * 2
-    assert lesson14.cache_bytes({"a": [k, k], "b": (k,)}) == 10 * 32 * 4               # the same tensor once
+    assert lesson16.cache_bytes([(k, v)]) == 10 * 32 * 4 + 10 * 32 * 2
+    assert lesson16.cache_bytes({"a": [k, k], "b": (k,)}) == 10 * 32 * 4               # the same tensor once
     buf = torch.zeros(1, 2, 128, 16)
-    assert lesson14.cache_bytes([buf[:, :, :10]]) == 128 * 32 * 4                      # a view holds its buffer
+    assert lesson16.cache_bytes([buf[:, :, :10]]) == 128 * 32 * 4                      # a view holds its buffer
     cache = KVCache()
     cache.update(torch.zeros(1, 1, 7, 8), torch.zeros(1, 1, 7, 8))
-    assert lesson14.cache_bytes([cache, 3, "x", None]) == 2 * 7 * 8 * 4                # a plain object's tensors
-    assert lesson14.cache_bytes([torch.nn.Linear(4, 4), torch.nn.Parameter(torch.zeros(9))]) == 0
+    assert lesson16.cache_bytes([cache, 3, "x", None]) == 2 * 7 * 8 * 4                # a plain object's tensors
+    assert lesson16.cache_bytes([torch.nn.Linear(4, 4), torch.nn.Parameter(torch.zeros(9))]) == 0
 
 
 def test_cases_are_drawn_from_the_seed():
-    ex = get("14_capstone")
+    ex = get("16_capstone")
     a, b = (ex.cases(torch.Generator().manual_seed(s)) for s in (0, 1))
     assert a[0].params["seed"] != b[0].params["seed"]
     assert not torch.equal(a[LOSS].inputs["x"], b[LOSS].inputs["x"])
@@ -81,7 +81,7 @@ def test_cases_are_drawn_from_the_seed():
 # ---- the course's design, the stub and the bar ----------------------------------------------------------
 
 def test_solution_scores_full_marks_with_the_real_recipe(capsys):
-    result = check("14_capstone", cell(solution_source()))
+    result = check("16_capstone", cell(solution_source()))
     out = capsys.readouterr().out
     assert result.passed and result.score == 4, out
     assert "108,928 parameters" in out and "512 bytes per token" in out
@@ -89,7 +89,7 @@ def test_solution_scores_full_marks_with_the_real_recipe(capsys):
 
 def test_released_stub_scores_zero(capsys):
     nb = nbk.read(ROOT / "exercises" / f"{STEM}.ipynb")
-    result = check("14_capstone", cell(nbk.source_of(nbk.exercise_cells(nb)["14_capstone"])))
+    result = check("16_capstone", cell(nbk.source_of(nbk.exercise_cells(nb)["16_capstone"])))
     capsys.readouterr()
     assert result.status == "not attempted" and result.score == 0
 
@@ -102,18 +102,18 @@ def test_the_bar_separates_a_model_that_attends_from_one_that_does_not(capsys):
     bi.index_put_((data.train[:-1], data.train[1:]), torch.ones(len(data.train) - 1, dtype=torch.float64),
                   accumulate=True)
     bigram = float(-(bi / bi.sum(1, keepdim=True))[data.val[:-1], data.val[1:]].log().mean())
-    assert bigram > lesson14.BAR + 0.2
-    res = results("14_capstone", cell(_BIGRAM), seed=5)
+    assert bigram > lesson16.BAR + 0.2
+    res = results("16_capstone", cell(_BIGRAM), seed=5)
     assert [ok for ok, _ in res] == [True, True, True, False], res
     assert "is not below the bar" in res[LOSS][1]
     loss = float(res[LOSS][1].split("held-out loss ")[1].split()[0])
-    assert lesson14.BAR < loss < bigram + 0.2
+    assert lesson16.BAR < loss < bigram + 0.2
 
 
 # ---- typical failures lose exactly the point the prompt says -------------------------------------------
 
 def test_over_budget_loses_the_parameter_point_and_its_loss_does_not_count(short):
-    res = results("14_capstone", cell(_gqa(D=96, HKV=1)))
+    res = results("16_capstone", cell(_gqa(D=96, HKV=1)))
     assert not res[PARAMS][0] and "218,592 parameters, over the budget of 150,000" in res[PARAMS][1]
     assert res[DECODE][0] and res[KV][0]
     assert not res[LOSS][0] and "does not count" in res[LOSS][1]
@@ -126,19 +126,19 @@ def test_over_budget_loses_the_parameter_point_and_its_loss_does_not_count(short
     (_gqa(TOKENS="(n_tokens + 1)"), "but the cache your step returned holds"),
 ])
 def test_a_wrong_kv_report_loses_the_decode_point_only(short, source, hint):
-    res = results("14_capstone", cell(source))
+    res = results("16_capstone", cell(source))
     assert res[PARAMS][0] and res[KV][0], res
     assert not res[DECODE][0] and hint in res[DECODE][1], res
 
 
 def test_mha_is_over_the_kv_budget(short):
-    res = results("14_capstone", cell(_gqa(HKV=4)))
+    res = results("16_capstone", cell(_gqa(HKV=4)))
     assert res[PARAMS][0] and res[DECODE][0], res
     assert not res[KV][0] and "1024 bytes per token, over the budget of 512" in res[KV][1]
 
 
 def test_a_step_without_positions_fails_decode_and_kv(short):
-    res = results("14_capstone", cell(_gqa(POS="0")))
+    res = results("16_capstone", cell(_gqa(POS="0")))
     assert res[PARAMS][0] and not res[DECODE][0] and not res[KV][0]
     assert "differ from model(codes)'s at token 1" in res[DECODE][1] and "true position" in res[KV][1]
 
@@ -149,43 +149,43 @@ def test_state_kept_in_the_model_is_caught_by_interleaved_decoding(short):
     src = _gqa().replace("return self.head(self.norm(x)), new", "self.saved = new\n            return self.head(self.norm(x)), None") \
                 .replace("t = 0 if cache is None else cache[0][0].shape[2]",
                          "cache = getattr(self, 'saved', None)\n            t = 0 if cache is None else cache[0][0].shape[2]")
-    res = results("14_capstone", cell(src))
+    res = results("16_capstone", cell(src))
     assert not res[DECODE][0] and "interleaved" in res[DECODE][1]
 
 
 def test_a_model_that_sees_the_future_gets_no_loss_point(short):
     src = _gqa().replace("x = b(x)", "x = b(x, is_causal=False)")
-    res = results("14_capstone", cell(src))
+    res = results("16_capstone", cell(src))
     assert not res[DECODE][0]
     assert not res[LOSS][0] and "looks at later characters" in res[LOSS][1]
 
 
 def test_compute_budget(short, monkeypatch):
-    monkeypatch.setattr(lesson14, "FLOP_BUDGET", 1e8)
-    res = results("14_capstone", cell(_gqa()))
+    monkeypatch.setattr(lesson16, "FLOP_BUDGET", 1e8)
+    res = results("16_capstone", cell(_gqa()))
     assert not res[LOSS][0] and "GFLOP, over the budget of 0.1" in res[LOSS][1]
 
 
 def test_not_a_module(short):
-    res = results("14_capstone", lambda vocab: "a model")
+    res = results("16_capstone", lambda vocab: "a model")
     assert not any(ok for ok, _ in res) and "must return a torch.nn.Module" in res[PARAMS][1]
 
 
 # ---- the leaderboard -------------------------------------------------------------------------------------
 
 def _report(sid, loss, params=100_000, kv=512.0, flops=0.4, points=4.0, measured=True):
-    m = {"parameters": params, "parameters within budget": params <= lesson14.PARAM_BUDGET,
-         "KV bytes/token": kv, "KV within budget": kv <= lesson14.KV_BUDGET, "held-out loss": loss,
-         "GFLOP per batch": flops, "compute within budget": flops <= lesson14.FLOP_BUDGET / 1e9}
+    m = {"parameters": params, "parameters within budget": params <= lesson16.PARAM_BUDGET,
+         "KV bytes/token": kv, "KV within budget": kv <= lesson16.KV_BUDGET, "held-out loss": loss,
+         "GFLOP per batch": flops, "compute within budget": flops <= lesson16.FLOP_BUDGET / 1e9}
     e = {"points": points, "max_points": 4.0, **({"measured": m} if measured else {})}
-    return {"student_id": sid, "exercises": {"14_capstone": e}}
+    return {"student_id": sid, "exercises": {"16_capstone": e}}
 
 
 def test_leaderboard_rows_rank_within_budget_by_loss():
     reports = [_report("a", 2.0), _report("b", 1.7), _report("c", 1.5, params=200_000, points=3),
                _report("d", 1.6, kv=1024.0, points=3), _report("e", None, measured=False, points=0),
                _report("f", 1.7), {"student_id": "g", "exercises": {}}]
-    rows = leaderboard_rows(reports, "14_capstone")
+    rows = leaderboard_rows(reports, "16_capstone")
     assert [(r["student_id"], r["rank"]) for r in rows] == [("b", 1), ("f", 2), ("a", 3), ("c", None),
                                                            ("d", None), ("e", None)]
     assert [r["within budget"] for r in rows] == [True, True, True, False, False, False]
@@ -194,7 +194,7 @@ def test_leaderboard_rows_rank_within_budget_by_loss():
 def _notebook(source: str | None, path: Path):
     nb = nbformat.read(ROOT / "exercises" / f"{STEM}.ipynb", as_version=4)
     for c in nb.cells:
-        if nbk.grade_id(c) == "14_capstone" and source is not None:
+        if nbk.grade_id(c) == "16_capstone" and source is not None:
             c.source = source
     nbformat.write(nb, str(path))
 
@@ -207,32 +207,32 @@ def test_grade_ranks_a_class_end_to_end(tmp_path):
     subs.mkdir()
     shutil.copy(ROOT / "solutions" / f"{STEM}.ipynb", subs / "alice.ipynb")      # the course's design
     _notebook(None, subs / "bob.ipynb")                                          # the released stub
-    _notebook(CELLS["14_capstone"][1], subs / "carol.ipynb")                     # MQA + ALiBi by hand
+    _notebook(CELLS["16_capstone"][1], subs / "carol.ipynb")                     # MQA + ALiBi by hand
     _notebook(_gqa(HKV=4), subs / "dave.ipynb")                                  # MHA: over the KV budget
     out = tmp_path / "out"
     assert cli(["grade", str(subs), "--out", str(out), "--jobs", "2", "--timeout", "400", "--quiet"]) == 0
     with open(out / "grades.csv", newline="") as f:
         grades = list(csv.DictReader(f))
-    assert list(grades[0]) == ["student_id", "14_capstone", "total", "max_score"]
-    assert {g["student_id"]: g["14_capstone"] for g in grades} == {"alice": "4", "bob": "0", "carol": "4", "dave": "3"}
+    assert list(grades[0]) == ["student_id", "16_capstone", "total", "max_score"]
+    assert {g["student_id"]: g["16_capstone"] for g in grades} == {"alice": "4", "bob": "0", "carol": "4", "dave": "3"}
     with open(out / "leaderboard.csv", newline="") as f:
         board = list(csv.DictReader(f))
     assert list(board[0]) == ["rank", "student_id", "parameters", "KV bytes/token", "held-out loss",
                               "GFLOP per batch", "within budget", "points"]
     by = {r["student_id"]: r for r in board}
     reports = {s: json.loads((out / f"{s}.json").read_text()) for s in by}
-    losses = {s: reports[s]["exercises"]["14_capstone"]["measured"]["held-out loss"] for s in ("alice", "carol")}
+    losses = {s: reports[s]["exercises"]["16_capstone"]["measured"]["held-out loss"] for s in ("alice", "carol")}
     ranked = sorted(losses, key=losses.get)
     assert [r["student_id"] for r in board[:2]] == ranked and [r["rank"] for r in board[:2]] == ["1", "2"]
     assert {r["student_id"]: (r["rank"], r["within budget"]) for r in board[2:]} == {"bob": ("", "no"),
                                                                                     "dave": ("", "no")}
-    assert all(float(by[s]["held-out loss"]) < lesson14.BAR for s in ("alice", "carol", "dave"))
+    assert all(float(by[s]["held-out loss"]) < lesson16.BAR for s in ("alice", "carol", "dave"))
     # independent counts: parameters by building the models here, KV bytes per token from the designs
     assert int(by["alice"]["parameters"]) == sum(p.numel() for p in cell(solution_source())(128).parameters())
-    assert int(by["carol"]["parameters"]) == sum(p.numel() for p in cell(CELLS["14_capstone"][1])(128).parameters())
+    assert int(by["carol"]["parameters"]) == sum(p.numel() for p in cell(CELLS["16_capstone"][1])(128).parameters())
     assert [float(by[s]["KV bytes/token"]) for s in ("alice", "carol", "dave")] == [2 * 2 * 2 * 16 * 4,
                                                                                   2 * 2 * 1 * 16 * 4,
                                                                                   2 * 2 * 4 * 16 * 4]
     md = (out / "leaderboard.md").read_text()
-    assert md.startswith("# Leaderboard — 14_capstone") and f"| 1 | {ranked[0]} |" in md and "| — | bob |" in md
+    assert md.startswith("# Leaderboard — 16_capstone") and f"| 1 | {ranked[0]} |" in md and "| — | bob |" in md
     assert "held-out loss" in (out / "alice.feedback.md").read_text()

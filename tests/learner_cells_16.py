@@ -151,7 +151,7 @@ def make_model(vocab_size):
     return Bigram()
 '''
 
-CELLS["14_capstone"] = ("make_model", _ALIBI_MQA, [
+CELLS["16_capstone"] = ("make_model", _ALIBI_MQA, [
     (_gqa(D=96, HKV=1), "over the budget of 150,000"),                 # 219k parameters
     (_gqa(TOKENS="1"), "you report bytes per token"),                  # forgot × n_tokens
     (_BIGRAM, "is not below the bar"),                                 # no attention: ~2.5 nats/char

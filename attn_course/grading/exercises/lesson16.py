@@ -1,5 +1,5 @@
-"""Exercise set 14 — the capstone: your attention, in a tiny language model
-(solutions/14_capstone_tiny_language_model.ipynb). One open exercise (kind "open").
+"""Exercise set 16 — the capstone: your attention, in a tiny language model
+(solutions/16_capstone_tiny_language_model.ipynb). One open exercise (kind "open").
 
 The learner hands over ``make_model(vocab_size) -> nn.Module``: a character-level decoder with
 
@@ -278,7 +278,7 @@ def _measure(got, case) -> dict:
 
 
 EXERCISES = [
-    Exercise("14_capstone", 4, "Your attention, in a tiny language model",
+    Exercise("16_capstone", 4, "Your attention, in a tiny language model",
              "a function make_model(vocab_size) -> nn.Module with forward(codes), step(code, cache) and "
              "kv_cache_bytes(n_tokens)",
              _cases, _answer, _expected, _judge, kind="open", measure_fn=_measure, rank_by="held-out loss"),
