@@ -172,6 +172,22 @@ def test_make_test_runs_the_second_cpu_configuration():
 def test_make_bench_is_the_quick_run_and_bench_full_the_recorded_one():
     assert _make_recipe("bench") == ["$(BIN)/attn-course bench --suite all"]
     assert _make_recipe("bench-full") == ["$(BIN)/attn-course bench --suite all --full"]
+    # review 2026-11-26 (learner §9): the benchmarks need the lab set only, not the test toolchain (setup)
+    make = (ROOT / "Makefile").read_text()
+    for target in ("bench", "bench-full"):
+        assert re.search(rf"^{target}\s*:(.*)$", make, re.M).group(1).split() == ["$(VENV)/.lab"], target
+
+
+def test_bench_duration_is_stated_once_and_the_same_everywhere(capsys):
+    """The README, `attn-course bench --help` and the line a run prints first quote one measured range."""
+    from attn_course.bench import cli
+    assert cli.QUICK_ALL in cli.parser().format_help().replace("\n", " ").replace("  ", " ") or \
+        " ".join(cli.QUICK_ALL.split()) in " ".join(cli.parser().format_help().split())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    bench_section = readme.split("## Benchmark", 1)[1].split("## ", 1)[0]
+    assert f"takes {cli.QUICK_ALL}" in bench_section
+    assert "about two minutes" not in bench_section and "about three" not in cli.DESCRIPTION
+    assert cli.expected_duration("all", False).endswith(cli.QUICK_ALL)
 
 
 def test_make_lab_is_headless_and_honours_port():
@@ -211,3 +227,35 @@ def test_import_works_from_the_checkouts_parent_folder(tmp_path):
                           "print(attn_course.__file__)"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().endswith("__init__.py")
+
+
+def test_make_checks_the_python_first_and_never_reuses_another_pythons_venv(tmp_path, monkeypatch, capsys):
+    """Review 2026-11-26 (learner §4): `make lab PYTHON=python3.9` ended after 33 s in pip's "no matching
+    distribution for torch==2.13.0", and the half-built .venv (3.9) was silently reused by the next run with 3.11."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("check_python", ROOT / "tools" / "check_python.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    # the Makefile runs it before the venv is made, on every run (an order-only phony prerequisite)
+    make = (ROOT / "Makefile").read_text()
+    assert re.search(r"^\$\(VENV\)/\.torch:\s*\|\s*python-check\s*$", make, re.M)
+    assert _make_recipe("python-check") == ["@$(PYTHON) tools/check_python.py $(VENV)"]
+    here = sys.version_info[:2]
+    venv = tmp_path / ".venv"
+    assert mod.main(["x", str(venv)]) == 0                               # no venv yet, a supported Python
+    venv.mkdir()
+    (venv / "pyvenv.cfg").write_text(f"home = /usr/bin\nversion = {here[0]}.{here[1]}.7\n")
+    assert mod.main(["x", str(venv)]) == 0                               # made by this Python: reused
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.9.18\n")
+    assert mod.main(["x", str(venv)]) == 1
+    err = capsys.readouterr().err
+    assert "made by Python 3.9" in err and "make clean && make lab" in err and "PYTHON=python3.9" in err
+    for old in ((3, 9), (3, 15)):                                        # torch 2.13.0 has cp310..cp314 wheels
+        monkeypatch.setattr(sys, "version_info", (*old, 0, "final", 0))
+        assert mod.main(["x", str(tmp_path / "none")]) == 1
+        err = capsys.readouterr().err
+        assert f"This Python is {old[0]}.{old[1]}" in err and "3.10 to 3.14" in err and "make lab PYTHON=" in err
+    # and the real thing: a run of the script by the interpreter make would use
+    res = subprocess.run([sys.executable, str(ROOT / "tools" / "check_python.py"), str(venv)], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 1 and "is not reused" in res.stderr
