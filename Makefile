@@ -24,7 +24,7 @@ PROBE_DIR    := build/ipython
 PROBE        := $(PROBE_DIR)/profile_default/startup/00-attn-course-device-probe.py
 DEVICE_PROBE := IPYTHONDIR=$(CURDIR)/$(PROBE_DIR)
 
-.PHONY: setup lab test test-unit test-notebooks test-portable test-browser book test-book release bench bench-full clean python-check
+.PHONY: setup lab test test-unit test-notebooks test-portable test-browser book test-book release check-published bench bench-full clean python-check
 
 # Before anything is installed, on every run: $(PYTHON) is 3.10-3.14 (torch 2.13.0's wheels), and an existing
 # .venv/ was made by that same Python (a .venv/ left by another Python is never reused: the message says what to do)
@@ -110,6 +110,11 @@ test-book: setup book
 
 release: setup
 	$(BIN)/attn-course release
+
+# Do the repository, the release tag and the website answer? (docs/publishing.md; needs the internet: exit 3
+# when a host cannot be reached, which .ci/run reports as a skipped step)
+check-published: $(VENV)/.lab
+	$(BIN)/attn-course release --check-published
 
 # The three suites (attention, sparse, linear) at small lengths. bench-full: the recorded grids. The benchmarks
 # need only the course and torch (.lab): no test tools. Their duration is printed by the bench itself (EXPECTED

@@ -150,10 +150,11 @@ def test_site_url_comes_from_the_repository_setting():
     owner, name = _colab.REPOSITORY.split("/")
     assert _colab.site_url() == f"https://{owner.lower()}.github.io/{name}/"
     assert _colab.site_url("Some-Owner/course") == "https://some-owner.github.io/course/"
-    line = _colab.site_link_markdown("o/r")
+    line = _colab.site_link_markdown("o/r", published=True)
     assert "[https://o.github.io/r/](https://o.github.io/r/)" in line
-    assert _colab.restamp_site_links(f"x\n{line}\ny", "o/r") == f"x\n{line}\ny"          # idempotent
-    assert _colab.restamp_site_links(f"x\n{line}\ny", "p/q") == f"x\n{_colab.site_link_markdown('p/q')}\ny"
+    assert _colab.restamp_site_links(f"x\n{line}\ny", "o/r", published=True) == f"x\n{line}\ny"    # idempotent
+    assert (_colab.restamp_site_links(f"x\n{line}\ny", "p/q", published=True)
+            == f"x\n{_colab.site_link_markdown('p/q', published=True)}\ny")
     assert _colab.restamp_site_links("no link here", "p/q") == "no link here"            # nothing added
 
 

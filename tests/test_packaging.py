@@ -53,7 +53,10 @@ def _environment_pip_requirements() -> dict[str, Requirement]:
 
 
 def test_environment_yml_lists_the_same_dependencies_as_pyproject():
-    py, env = _pyproject_requirements(), _environment_pip_requirements()
+    """The learner set, as `make lab` installs it: the course's dependencies and [lab], no test tools
+    (review 2026-11-26 learner §2: environment.yml installed pytest, playwright, nbgrader, transformers, triton)."""
+    py, env = _pyproject_requirements(("lab",)), _environment_pip_requirements()
+    assert not set(env) & TEST_TOOLS
     assert sorted(env) == sorted(py), (
         f"drift: only in environment.yml {sorted(set(env) - set(py))}, only in pyproject {sorted(set(py) - set(env))}")
     for name, r in py.items():
@@ -76,11 +79,47 @@ def test_environment_pins_the_tested_torch_and_pyproject_admits_it():
     assert Version(TESTED_TORCH) in _pyproject_requirements()["torch"].specifier
 
 
+def _environment_python() -> str:
+    py_env = re.search(r"^\s*-\s*python\s*([<>=!~].*)$", (ROOT / "environment.yml").read_text(), re.M)
+    return py_env.group(1).strip()
+
+
 def test_environment_installs_the_package_and_a_supported_python():
+    """Python bounded to torch 2.13.0's wheels (3.10-3.14: unbounded, conda picks 3.15, which has none), the
+    course installed editable in compat mode as `make lab` does (review 2026-11-26 learner §2)."""
     text = (ROOT / "environment.yml").read_text()
-    assert re.search(r"^\s*-\s*-e\s+\.\s*$", text, re.M), "environment.yml must pip-install the course (-e .)"
-    py_env = re.search(r"^\s*-\s*python\s*([<>=!~].*)$", text, re.M)
-    assert py_env and py_env.group(1).strip() == _pyproject()["project"]["requires-python"]
+    assert re.search(r"^\s*-\s*-e\s+\.\s+--config-settings editable_mode=compat\s*$", text, re.M), \
+        "environment.yml must pip-install the course as make lab does (-e . --config-settings editable_mode=compat)"
+    from packaging.specifiers import SpecifierSet
+    bound = SpecifierSet(_environment_python())
+    assert [v for v in ("3.9", "3.10", "3.14", "3.15") if v in bound] == ["3.10", "3.14"], bound
+    assert SpecifierSet(_pyproject()["project"]["requires-python"]).contains("3.10")
+    lowest = next(s.version for s in bound if s.operator == ">=")
+    assert _pyproject()["project"]["requires-python"] == f">={lowest}"
+
+
+def _resolve(tmp_path, python_version: str) -> subprocess.CompletedProcess:
+    reqs = tmp_path / f"requirements-{python_version}.txt"
+    reqs.write_text("\n".join(str(r) for r in _environment_pip_requirements().values()) + "\n")
+    return subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+                           "--only-binary=:all:", "--python-version", python_version, "--report",
+                           str(tmp_path / f"report-{python_version}.json"), "-r", str(reqs)],
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_environment_resolves_on_the_lowest_and_highest_python_it_allows(tmp_path):
+    """pip resolves environment.yml's requirements (binary wheels only, this machine's platform) for Python 3.10
+    and 3.14, and fails for 3.15: the upper bound is needed. Needs the package index (as `make lab` does)."""
+    import json
+    for version in ("3.10", "3.14"):
+        res = _resolve(tmp_path, version)
+        assert res.returncode == 0, f"Python {version}: {res.stderr[-3000:]}"
+        report = json.loads((tmp_path / f"report-{version}.json").read_text())
+        got = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in report["install"]}
+        assert Version(got["torch"]).public == TESTED_TORCH and "jupyterlab" in got, got
+        assert not set(got) & {"pytest", "nbgrader", "playwright", "transformers", "sphinx"}
+    res = _resolve(tmp_path, "3.15")
+    assert res.returncode != 0 and "torch==2.13.0" in res.stderr, res.stderr[-2000:]
 
 
 def test_console_script_and_package_data():
