@@ -229,6 +229,18 @@ def test_bench_duration_is_stated_once_and_the_same_everywhere(capsys):
     assert cli.expected_duration("all", False).endswith(cli.QUICK_ALL)
 
 
+def test_a_bench_run_prints_its_expected_duration_once(monkeypatch, capsys):
+    from attn_course.bench import cli
+    monkeypatch.setattr(cli, "run_one", lambda name, args, **kw: {"suite": name})
+    monkeypatch.setattr(cli, "report", lambda record: f"table of {record['suite']}")
+    assert cli.main(["--suite", "all", "--device", "cpu"]) == 0
+    out, err = capsys.readouterr()
+    assert err.count("expected duration") == 1 and cli.QUICK_ALL in err
+    assert [line for line in out.splitlines() if line] == ["table of attention", "table of sparse", "table of linear"]
+    assert cli.main(["--suite", "linear", "--device", "cpu", "--full"]) == 0
+    assert "about 23 minutes" in capsys.readouterr().err
+
+
 def test_make_lab_is_headless_and_honours_port():
     lab = " ".join(_make_recipe("lab"))
     assert "--no-browser" in lab and "$(PORT)" in lab and "$(LAB_FLAGS)" in lab
