@@ -36,7 +36,24 @@ _AFTER_INSTALL = (
     "    importlib.invalidate_caches()                      # so this kernel finds the package just installed\n"
     "    print(\"attn_course installed. If a later cell fails on an import (pip may have upgraded a package this \"\n"
     "          \"runtime had already loaded), restart the runtime and run all cells again.\")\n")
-_INSTALL_CALL_END = re.compile(r'("git\+https://[^"]*"\],[^\n]*check=True\)\n)(?!    importlib\.invalidate_caches)')
+# The install call. Its first stamped form ended in `check=True)`: when pip failed (no network, or the repository or
+# its tag not published yet) the learner got a raw CalledProcessError. Stamped now: a message saying what to do.
+_CHECKED_CALL = re.compile(r'^( *)subprocess\.run\(\[sys\.executable, "-m", "pip", "install", "-q",\n *'
+                           r'("git\+https://[^"]*")\], check=True\)\n', re.MULTILINE)
+_INSTALL_FAILED = (
+    '"pip could not install the course package (its message is above): no network, or "\n'
+    '                           "the course is not published yet (the README\'s first lines say). Run it locally "\n'
+    '                           "instead: `make lab` in a copy of the repository (docs/install.md)."')
+
+
+def _install_call(indent: str, target: str) -> str:
+    return (f'{indent}if subprocess.run([sys.executable, "-m", "pip", "install", "-q",\n'
+            f'{indent}                   {target}]).returncode != 0:\n'
+            f'{indent}    raise RuntimeError({_INSTALL_FAILED})\n')
+
+
+_INSTALL_CALL_END = re.compile(r'("git\+https://[^"]*"\]\)\.returncode != 0:\n *raise RuntimeError\((?:[^)]|\)(?!\n))*\)\n)'
+                               r'(?!    importlib\.invalidate_caches)')
 # A markdown link to another notebook of the course, relative to the notebook (``../exercises/09_x.ipynb``,
 # ``05_x.ipynb``), not already followed by its Colab link: relative links do not resolve inside Colab.
 _NOTEBOOK_LINK = re.compile(r"\]\(((?:\.\./)?(?:notebooks/|exercises/|solutions/)?\d\d_[A-Za-z0-9_]+\.ipynb)(#[^)\s]*)?\)"
@@ -95,6 +112,7 @@ def stamp_setup_source(source: str, version: str | None = None, repository: str 
     if not _INSTALL.search(source):
         raise ValueError('the setup cell has no quoted "git+https://..." install target to stamp')
     source = _INSTALL.sub(lambda _: f'"{install_spec(version, repository)}"', source)
+    source = _CHECKED_CALL.sub(lambda m: _install_call(m.group(1), m.group(2)), source, count=1)
     return _INSTALL_CALL_END.sub(lambda m: m.group(1) + _AFTER_INSTALL, source, count=1)
 
 
