@@ -24,11 +24,16 @@ PROBE_DIR    := build/ipython
 PROBE        := $(PROBE_DIR)/profile_default/startup/00-attn-course-device-probe.py
 DEVICE_PROBE := IPYTHONDIR=$(CURDIR)/$(PROBE_DIR)
 
-.PHONY: setup lab test test-unit test-notebooks test-portable test-browser book test-book release bench bench-full clean
+.PHONY: setup lab test test-unit test-notebooks test-portable test-browser book test-book release check-published bench bench-full clean python-check
+
+# Before anything is installed, on every run: $(PYTHON) is 3.10-3.14 (torch 2.13.0's wheels), and an existing
+# .venv/ was made by that same Python (a .venv/ left by another Python is never reused: the message says what to do)
+python-check:
+	@$(PYTHON) tools/check_python.py $(VENV)
 
 # Stamps: .torch (venv + torch), .lab (the course + JupyterLab), .book (the course + the website's tools),
 # .dev (+ test tools and triton; implies .lab and .book)
-$(VENV)/.torch:
+$(VENV)/.torch: | python-check
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==$(TORCH_VERSION) $(TORCH_PIP_FLAGS)
@@ -106,11 +111,18 @@ test-book: setup book
 release: setup
 	$(BIN)/attn-course release
 
-# The three suites (attention, sparse, linear) at small lengths: a few minutes. bench-full: the recorded grids.
-bench: setup
+# Do the repository, the release tag and the website answer? (docs/publishing.md; needs the internet: exit 3
+# when a host cannot be reached, which .ci/run reports as a skipped step)
+check-published: $(VENV)/.lab
+	$(BIN)/attn-course release --check-published
+
+# The three suites (attention, sparse, linear) at small lengths. bench-full: the recorded grids. The benchmarks
+# need only the course and torch (.lab): no test tools. Their duration is printed by the bench itself (EXPECTED
+# in attn_course/bench/__init__.py), which the README and `attn-course bench --help` quote.
+bench: $(VENV)/.lab
 	$(BIN)/attn-course bench --suite all
 
-bench-full: setup
+bench-full: $(VENV)/.lab
 	$(BIN)/attn-course bench --suite all --full
 
 clean:

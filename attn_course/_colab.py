@@ -16,12 +16,16 @@ import re
 
 from . import __version__
 
-__all__ = ["REPOSITORY", "git_ref", "install_spec", "colab_url", "badge_markdown", "stamp_setup_source",
+__all__ = ["REPOSITORY", "PUBLISHED", "git_ref", "install_spec", "colab_url", "badge_markdown", "stamp_setup_source",
            "stamp_badge_source", "restamp_badges", "stamp_colab_links", "BADGE_IMAGE", "site_url",
            "site_link_markdown", "restamp_site_links"]
 
 # Change this line when the repository is published under another owner/name (GitHub "owner/name").
 REPOSITORY = "attn-course/attn_course"
+# True once docs/publishing.md's steps are done and `attn-course release --check-published` passes: the README's
+# first lines then link the website as a fact; until then they say where the course can be read today and label
+# the online links "after publishing" (stamped by `attn-course release`, like the badge).
+PUBLISHED = False
 
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 _BADGE_LINE = re.compile(r"^\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)[ \t]*$", re.MULTILINE)
@@ -32,12 +36,29 @@ _AFTER_INSTALL = (
     "    importlib.invalidate_caches()                      # so this kernel finds the package just installed\n"
     "    print(\"attn_course installed. If a later cell fails on an import (pip may have upgraded a package this \"\n"
     "          \"runtime had already loaded), restart the runtime and run all cells again.\")\n")
-_INSTALL_CALL_END = re.compile(r'("git\+https://[^"]*"\],[^\n]*check=True\)\n)(?!    importlib\.invalidate_caches)')
+# The install call. Its first stamped form ended in `check=True)`: when pip failed (no network, or the repository or
+# its tag not published yet) the learner got a raw CalledProcessError. Stamped now: a message saying what to do.
+_CHECKED_CALL = re.compile(r'^( *)subprocess\.run\(\[sys\.executable, "-m", "pip", "install", "-q",\n *'
+                           r'("git\+https://[^"]*")\], check=True\)\n', re.MULTILINE)
+_INSTALL_FAILED = (
+    '"pip could not install the course package (its message is above): no network, or "\n'
+    '                           "the course is not published yet (the README\'s first lines say). Run it locally "\n'
+    '                           "instead: `make lab` in a copy of the repository (docs/install.md)."')
+
+
+def _install_call(indent: str, target: str) -> str:
+    return (f'{indent}if subprocess.run([sys.executable, "-m", "pip", "install", "-q",\n'
+            f'{indent}                   {target}]).returncode != 0:\n'
+            f'{indent}    raise RuntimeError({_INSTALL_FAILED})\n')
+
+
+_INSTALL_CALL_END = re.compile(r'("git\+https://[^"]*"\]\)\.returncode != 0:\n *raise RuntimeError\((?:[^)]|\)(?!\n))*\)\n)'
+                               r'(?!    importlib\.invalidate_caches)')
 # A markdown link to another notebook of the course, relative to the notebook (``../exercises/09_x.ipynb``,
 # ``05_x.ipynb``), not already followed by its Colab link: relative links do not resolve inside Colab.
 _NOTEBOOK_LINK = re.compile(r"\]\(((?:\.\./)?(?:notebooks/|exercises/|solutions/)?\d\d_[A-Za-z0-9_]+\.ipynb)(#[^)\s]*)?\)"
                             r"(?! \(\[Colab\])")
-_SITE_LINK = re.compile(r"^\*\*Read the course online:\*\* .*$", re.MULTILINE)
+_SITE_LINK = re.compile(r"^\*\*Read the course (?:online|today):\*\* .*$", re.MULTILINE)
 
 
 def git_ref(version: str | None = None) -> str:
@@ -62,15 +83,22 @@ def site_url(repository: str | None = None) -> str:
     return f"https://{owner.lower()}.github.io/{name}/"
 
 
-def site_link_markdown(repository: str | None = None) -> str:
-    """One markdown line linking the website, as the README carries it."""
+def site_link_markdown(repository: str | None = None, published: bool | None = None) -> str:
+    """One markdown line, as the README carries it: the website as a fact once ``published`` (default
+    :data:`PUBLISHED`); before that, where the course can be read today and the online links labelled
+    "after publishing" — no sentence claims a site that was never checked."""
     url = site_url(repository)
-    return f"**Read the course online:** [{url}]({url}) — every lesson with its outputs, no install needed."
+    if PUBLISHED if published is None else published:
+        return f"**Read the course online:** [{url}]({url}) — every lesson with its outputs, no install needed."
+    return ("**Read the course today:** the lessons in `notebooks/` are committed with their outputs (any notebook "
+            "viewer shows them; `make lab` runs them), and `make book` builds the website into `build/book/html/` "
+            "(it works offline). **After publishing** (not done yet; [docs/publishing.md](docs/publishing.md)): "
+            f"the website at {url} and the notebooks' \"Open in Colab\" badges.")
 
 
-def restamp_site_links(text: str, repository: str | None = None) -> str:
-    """``text`` with every existing "Read the course online" line replaced by :func:`site_link_markdown`."""
-    return _SITE_LINK.sub(lambda _: site_link_markdown(repository), text)
+def restamp_site_links(text: str, repository: str | None = None, published: bool | None = None) -> str:
+    """``text`` with every existing "Read the course online/today" line replaced by :func:`site_link_markdown`."""
+    return _SITE_LINK.sub(lambda _: site_link_markdown(repository, published), text)
 
 
 def badge_markdown(path: str, version: str | None = None, repository: str | None = None) -> str:
@@ -84,6 +112,7 @@ def stamp_setup_source(source: str, version: str | None = None, repository: str 
     if not _INSTALL.search(source):
         raise ValueError('the setup cell has no quoted "git+https://..." install target to stamp')
     source = _INSTALL.sub(lambda _: f'"{install_spec(version, repository)}"', source)
+    source = _CHECKED_CALL.sub(lambda m: _install_call(m.group(1), m.group(2)), source, count=1)
     return _INSTALL_CALL_END.sub(lambda m: m.group(1) + _AFTER_INSTALL, source, count=1)
 
 

@@ -30,7 +30,7 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 COLAB_BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
 LOCAL_BADGE = "/_assets/colab-badge.svg"          # drawn in docs/_static: no image is fetched at view time
 # the docs/ pages and their order in the navigation; any other docs/*.md page follows them (alphabetically)
-GUIDE_ORDER = ("exercises", "grading", "api", "sources", "about")
+GUIDE_ORDER = ("install", "exercises", "grading", "api", "sources", "about", "publishing")
 NOT_ON_THE_SITE = {"DESIGN.md"}                   # the design contract: a copy of the maintainers' document
 LIVE_NOTE = ("```{admonition} Live in Jupyter\n:class: explorer-note\n"
              "This explorer is an interactive widget. Open the lesson in Jupyter (`make lab`) or in Colab and run "

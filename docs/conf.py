@@ -50,6 +50,7 @@ autodoc_default_options = {"members": True, "show-inheritance": True}
 html_theme = "furo"
 html_static_path = ["_static"]
 html_css_files = ["course.css"]
+html_js_files = ["course.js"]
 html_copy_source = False                       # downloads come from the _raw notebooks (book.py)
 html_show_sourcelink = False
 html_baseurl = _colab.site_url()

@@ -122,7 +122,7 @@ def test_help_lists_the_suites_and_the_defaults(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for needle in ("--suite {attention,sparse,linear,all}", "default: attention", "--full", "--repeats",
                    "(default: 7)", "--threads", "default: 1;", "--warmup", "sparse suite", "--window",
-                   "default: 256", "about three", "attention 512 1024 2048 4096;"):
+                   "default: 256", "1.5 to 5 minutes", "about 23 minutes", "attention 512 1024 2048 4096;"):
         assert needle in text, needle
     for thin in ("bench_sparse", "bench_linear"):                  # the lessons' modules reach the same runner
         module = __import__(f"attn_course.{thin}", fromlist=["main"])

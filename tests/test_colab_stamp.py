@@ -39,8 +39,11 @@ def test_install_spec_and_badge_come_from_one_place_and_pin_the_version():
 def test_stamp_setup_source_replaces_the_target_and_refuses_a_cell_without_one():
     out = _colab.stamp_setup_source(SETUP)
     assert f'"{_colab.install_spec()}"' in out and "someone/old" not in out
+    # the install call raises a message that says what to do instead of pip's CalledProcessError (issue 33)
+    call = _colab._install_call("    ", '"X"')
     assert out.replace(_colab.install_spec(), "X") == SETUP.replace(
-        "git+https://github.com/someone/old.git", "X").replace("check=True)\n", "check=True)\n" + _colab._AFTER_INSTALL)
+        '    subprocess.run([sys.executable, "-m", "pip", "install", "-q",\n'
+        '                    "git+https://github.com/someone/old.git"], check=True)\n', call + _colab._AFTER_INSTALL)
     assert _colab.stamp_setup_source(out) == out                       # idempotent
     with pytest.raises(ValueError, match="install target"):
         _colab.stamp_setup_source("import torch")
@@ -118,7 +121,7 @@ def test_setup_cells_refresh_import_caches_and_say_when_to_restart():
         setup = [nbk.source_of(c) for c in nbk.read(path).cells
                  if c.cell_type == "code" and 'find_spec("attn_course")' in nbk.source_of(c)]
         assert setup and _colab._AFTER_INSTALL in setup[0], path.name
-        assert setup[0].index("importlib.invalidate_caches()") > setup[0].index("check=True)")
+        assert setup[0].index("importlib.invalidate_caches()") > setup[0].index(_colab.install_spec())
         assert "restart the runtime" in setup[0]
 
 
@@ -150,10 +153,11 @@ def test_site_url_comes_from_the_repository_setting():
     owner, name = _colab.REPOSITORY.split("/")
     assert _colab.site_url() == f"https://{owner.lower()}.github.io/{name}/"
     assert _colab.site_url("Some-Owner/course") == "https://some-owner.github.io/course/"
-    line = _colab.site_link_markdown("o/r")
+    line = _colab.site_link_markdown("o/r", published=True)
     assert "[https://o.github.io/r/](https://o.github.io/r/)" in line
-    assert _colab.restamp_site_links(f"x\n{line}\ny", "o/r") == f"x\n{line}\ny"          # idempotent
-    assert _colab.restamp_site_links(f"x\n{line}\ny", "p/q") == f"x\n{_colab.site_link_markdown('p/q')}\ny"
+    assert _colab.restamp_site_links(f"x\n{line}\ny", "o/r", published=True) == f"x\n{line}\ny"    # idempotent
+    assert (_colab.restamp_site_links(f"x\n{line}\ny", "p/q", published=True)
+            == f"x\n{_colab.site_link_markdown('p/q', published=True)}\ny")
     assert _colab.restamp_site_links("no link here", "p/q") == "no link here"            # nothing added
 
 
@@ -175,3 +179,24 @@ def test_release_restamps_the_readme_website_link(tmp_path, monkeypatch, capsys)
     assert release(tmp_path, check=True) == 1
     assert release(tmp_path) == 0
     assert "https://published-owner.github.io/attn_course/" in (tmp_path / "README.md").read_text()
+
+
+def test_a_failed_install_says_what_to_do_instead_of_a_raw_pip_error(monkeypatch):
+    """Review 2026-11-26 (learner §1): a notebook downloaded from the website, run where the course is not
+    installed and cannot be (unpublished, offline), stopped in its first cell with pip's CalledProcessError."""
+    import importlib.util
+    import subprocess
+    import types
+    cell = _colab.stamp_setup_source(SETUP).split("import torch")[0]
+    calls = []
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "attn_course" else object())
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd) or types.SimpleNamespace(returncode=1))
+    with pytest.raises(RuntimeError) as err:
+        exec(cell, {})
+    assert calls and calls[0][-1] == _colab.install_spec()
+    msg = str(err.value)
+    assert "pip could not install the course package" in msg and "make lab" in msg and "docs/install.md" in msg
+    calls.clear()
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd) or types.SimpleNamespace(returncode=0))
+    exec(cell, {})                                                         # installed: no error
+    assert calls

@@ -90,3 +90,25 @@ def test_error_rows_say_the_same_out_of_in_csv_and_feedback(tmp_path):
     assert rows["gina"]["max_score"] == "" and rows[f"{STEM}_broken"]["max_score"] == "9"
     text = (tmp_path / "out2" / "gina.feedback.md").read_text()
     assert "Score: 0\n" in text and "/ 0" not in text
+
+
+def test_grading_nothing_is_an_error_naming_the_folder(tmp_path):
+    """Review 2026-11-26 (instructor §4): an empty or wrong folder printed "graded 0 submission(s)", exited 0 and
+    wrote a header-only grades.csv. Now: exit 2, the folder named, nothing written."""
+    from attn_course.grading.runner import NothingToGrade
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    zipped = tmp_path / "zipped"
+    touch(zipped / "alice.zip", "PK")
+    touch(zipped / ".ipynb_checkpoints" / "alice-checkpoint.ipynb")        # hidden: not a submission
+    for folder, words in ((empty, "it is empty"), (zipped, "extract the archives first")):
+        r = cli("grade", folder, "--out", tmp_path / "out", "--root", ROOT)
+        assert r.returncode == 2, r.stderr
+        assert str(folder) in r.stderr and "no notebook to grade" in r.stderr and words in r.stderr
+        assert "graded 0" not in r.stderr and "Traceback" not in r.stderr
+        assert not (tmp_path / "out").exists()
+    # one good folder beside an empty one is still a mistake worth stopping for
+    shutil.copy(SOLUTION, touch(tmp_path / "class" / "alice.ipynb"))
+    with pytest.raises(NothingToGrade, match="empty"):
+        grade_batch([tmp_path / "class", empty], tmp_path / "out", root=ROOT, progress=False)
+    assert not (tmp_path / "out").exists()

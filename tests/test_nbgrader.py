@@ -8,10 +8,15 @@ nbgrader's ``timestamp.txt`` beside each notebook):
 * ``correct``: the solutions' cells, one of them with a debug print to stderr and a warning (nbgrader
   gives 0 to a test cell that writes to stderr, so check() must keep them out of it);
 * ``unsolved``: the released notebook untouched (must fail ``nbgrader validate``);
-* ``partly_wrong``: three exercises replaced by known misconceptions from tests/learner_cells.py.
+* ``partly_wrong``: three exercises replaced by known misconceptions from tests/learner_cells.py;
+* ``crash_hang`` (review 2026-11-26, instructor §3): 1.1 hangs (``while True``), 1.2 kills the kernel
+  (``os._exit(3)``), 1.4 raises, 1.3 and 1.5 are right. Plain nbgrader waited out the timeout, then "Kernel
+  died": no grade at all; with the course's config (docs/grading.md, read from there) it gets 2/9 like
+  ``attn-course grade``.
 """
 import csv
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -31,14 +36,19 @@ STEM = "01_scaled_dot_product_attention"
 ASSIGNMENT = "lesson01"
 WRONG = ("01_attention_by_hand", "01_causal_padding_mask", "01_predict_shapes")   # partly_wrong's misconceptions
 NOISY = "01_fix_the_bug"                                                          # correct, but noisy on stderr
-CONFIG = """c = get_config()
-c.CourseDirectory.root = {root!r}
-c.CourseDirectory.course_id = "attn_course"
-c.CourseDirectory.db_url = "sqlite:///{root}/gradebook.db"
-# the venv's own Python kernel, whatever kernelspec name a notebook carries
-c.ExecutePreprocessor.kernel_name = "python3"
-c.ExecutePreprocessor.timeout = 300
-"""
+CRASH_HANG = {"01_attention_by_hand": "    while True:\n        pass\n",
+              "01_causal_padding_mask": "    import os\n    os._exit(3)\n",
+              "01_fix_the_bug": "    raise RuntimeError('I give up')\n"}
+
+
+def docs_config(root: Path) -> str:
+    """The nbgrader_config.py of docs/grading.md, step 1, for a course directory at ``root``."""
+    text = (ROOT / "docs" / "grading.md").read_text()
+    block = re.search(r"1\. \*Course directory and config\.\*.*?```python\n(.*?)```", text, re.S).group(1)
+    block = "\n".join(line[3:] if line.startswith("   ") else line for line in block.splitlines())
+    assert 'c.CourseDirectory.root = "/path/to/course"' in block and "autograde_preprocessors()" in block
+    return (block.replace('"/path/to/course"', repr(str(root)))
+            + f'\nc.CourseDirectory.db_url = "sqlite:///{root}/gradebook.db"\n')
 
 
 def nbgrader(args, cwd, env, timeout=300):
@@ -70,7 +80,7 @@ def test_nbgrader_grades_equal_attn_course_grade(tmp_path, monkeypatch):
     course = tmp_path / "course"
     (course / "source" / ASSIGNMENT).mkdir(parents=True)
     shutil.copy(ROOT / "solutions" / f"{STEM}.ipynb", course / "source" / ASSIGNMENT / f"{STEM}.ipynb")
-    (course / "nbgrader_config.py").write_text(CONFIG.format(root=str(course)))
+    (course / "nbgrader_config.py").write_text(docs_config(course))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "NBGRADER"))}
     env.update(JUPYTER_CONFIG_DIR=str(tmp_path / "jupyter_config"), JUPYTER_DATA_DIR=str(tmp_path / "jupyter_data"),
                JUPYTER_RUNTIME_DIR=str(tmp_path / "jupyter_runtime"), JUPYTER_PLATFORM_DIRS="1",
@@ -102,9 +112,14 @@ def test_nbgrader_grades_equal_attn_course_grade(tmp_path, monkeypatch):
     assert noisy != solutions[NOISY].source
     correct = {i: nbk.source_of(c) for i, c in solutions.items()} | {NOISY: noisy}
     partly = {i: nbk.source_of(c) for i, c in solutions.items()} | {i: CELLS[i][2][0][0] for i in WRONG}
+    crash_hang = {i: nbk.source_of(c) for i, c in solutions.items()}
+    for i, body in CRASH_HANG.items():
+        crash_hang[i] = crash_hang[i].replace("    ### BEGIN SOLUTION\n", "    ### BEGIN SOLUTION\n" + body, 1)
+        assert crash_hang[i] != nbk.source_of(solutions[i])
     paths = {"correct": submit(released, course, "correct", correct),
              "unsolved": submit(released, course, "unsolved", {}),
-             "partly_wrong": submit(released, course, "partly_wrong", partly)}
+             "partly_wrong": submit(released, course, "partly_wrong", partly),
+             "crash_hang": submit(released, course, "crash_hang", crash_hang)}
 
     # 3. validate: the unsolved notebook fails, the correct one passes (stderr noise included)
     proc = nbgrader(["validate", str(paths["unsolved"])], course, env)
@@ -113,8 +128,11 @@ def test_nbgrader_grades_equal_attn_course_grade(tmp_path, monkeypatch):
     assert "Success! Your notebook passes all the tests." in proc.stdout, proc.stdout + proc.stderr
 
     # 4. autograde and export
-    proc = nbgrader(["autograde", ASSIGNMENT, "--create"], course, env, timeout=600)
+    t0 = time.monotonic()
+    proc = nbgrader(["autograde", ASSIGNMENT, "--create"], course, env, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Removing failed assignment" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    print(f"nbgrader autograde, 4 submissions (one hangs for the whole 60 s cell timeout): {time.monotonic() - t0:.0f} s")
     proc = nbgrader(["export", "--to", str(tmp_path / "nbgrader_grades.csv")], course, env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with open(tmp_path / "nbgrader_grades.csv", newline="") as f:
@@ -152,6 +170,9 @@ def test_nbgrader_grades_equal_attn_course_grade(tmp_path, monkeypatch):
     partly = nbgrader_points["partly_wrong"]
     assert all(partly[i] < reg[i].points for i in WRONG) and all(partly[i] == reg[i].points for i in ids
                                                                   if i not in WRONG)
+    # the crash and the hang cost their own exercises only, under both graders: 1.3 and 1.5 right = 2 of 9
+    assert nbgrader_points["crash_hang"] == {i: (0.0 if i in CRASH_HANG else float(reg[i].points)) for i in ids}
+    assert sum(nbgrader_points["crash_hang"].values()) == 2.0
 
     # the autograded notebook: test cells hold the report (display) and the score (execute_result), no
     # stderr; the cases are held out (not the self-check's) and the very cases attn-course grade drew

@@ -53,7 +53,10 @@ def _environment_pip_requirements() -> dict[str, Requirement]:
 
 
 def test_environment_yml_lists_the_same_dependencies_as_pyproject():
-    py, env = _pyproject_requirements(), _environment_pip_requirements()
+    """The learner set, as `make lab` installs it: the course's dependencies and [lab], no test tools
+    (review 2026-11-26 learner §2: environment.yml installed pytest, playwright, nbgrader, transformers, triton)."""
+    py, env = _pyproject_requirements(("lab",)), _environment_pip_requirements()
+    assert not set(env) & TEST_TOOLS
     assert sorted(env) == sorted(py), (
         f"drift: only in environment.yml {sorted(set(env) - set(py))}, only in pyproject {sorted(set(py) - set(env))}")
     for name, r in py.items():
@@ -76,11 +79,47 @@ def test_environment_pins_the_tested_torch_and_pyproject_admits_it():
     assert Version(TESTED_TORCH) in _pyproject_requirements()["torch"].specifier
 
 
+def _environment_python() -> str:
+    py_env = re.search(r"^\s*-\s*python\s*([<>=!~].*)$", (ROOT / "environment.yml").read_text(), re.M)
+    return py_env.group(1).strip()
+
+
 def test_environment_installs_the_package_and_a_supported_python():
+    """Python bounded to torch 2.13.0's wheels (3.10-3.14: unbounded, conda picks 3.15, which has none), the
+    course installed editable in compat mode as `make lab` does (review 2026-11-26 learner §2)."""
     text = (ROOT / "environment.yml").read_text()
-    assert re.search(r"^\s*-\s*-e\s+\.\s*$", text, re.M), "environment.yml must pip-install the course (-e .)"
-    py_env = re.search(r"^\s*-\s*python\s*([<>=!~].*)$", text, re.M)
-    assert py_env and py_env.group(1).strip() == _pyproject()["project"]["requires-python"]
+    assert re.search(r"^\s*-\s*-e\s+\.\s+--config-settings editable_mode=compat\s*$", text, re.M), \
+        "environment.yml must pip-install the course as make lab does (-e . --config-settings editable_mode=compat)"
+    from packaging.specifiers import SpecifierSet
+    bound = SpecifierSet(_environment_python())
+    assert [v for v in ("3.9", "3.10", "3.14", "3.15") if v in bound] == ["3.10", "3.14"], bound
+    assert SpecifierSet(_pyproject()["project"]["requires-python"]).contains("3.10")
+    lowest = next(s.version for s in bound if s.operator == ">=")
+    assert _pyproject()["project"]["requires-python"] == f">={lowest}"
+
+
+def _resolve(tmp_path, python_version: str) -> subprocess.CompletedProcess:
+    reqs = tmp_path / f"requirements-{python_version}.txt"
+    reqs.write_text("\n".join(str(r) for r in _environment_pip_requirements().values()) + "\n")
+    return subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+                           "--only-binary=:all:", "--python-version", python_version, "--report",
+                           str(tmp_path / f"report-{python_version}.json"), "-r", str(reqs)],
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_environment_resolves_on_the_lowest_and_highest_python_it_allows(tmp_path):
+    """pip resolves environment.yml's requirements (binary wheels only, this machine's platform) for Python 3.10
+    and 3.14, and fails for 3.15: the upper bound is needed. Needs the package index (as `make lab` does)."""
+    import json
+    for version in ("3.10", "3.14"):
+        res = _resolve(tmp_path, version)
+        assert res.returncode == 0, f"Python {version}: {res.stderr[-3000:]}"
+        report = json.loads((tmp_path / f"report-{version}.json").read_text())
+        got = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in report["install"]}
+        assert Version(got["torch"]).public == TESTED_TORCH and "jupyterlab" in got, got
+        assert not set(got) & {"pytest", "nbgrader", "playwright", "transformers", "sphinx"}
+    res = _resolve(tmp_path, "3.15")
+    assert res.returncode != 0 and "torch==2.13.0" in res.stderr, res.stderr[-2000:]
 
 
 def test_console_script_and_package_data():
@@ -172,6 +211,34 @@ def test_make_test_runs_the_second_cpu_configuration():
 def test_make_bench_is_the_quick_run_and_bench_full_the_recorded_one():
     assert _make_recipe("bench") == ["$(BIN)/attn-course bench --suite all"]
     assert _make_recipe("bench-full") == ["$(BIN)/attn-course bench --suite all --full"]
+    # review 2026-11-26 (learner §9): the benchmarks need the lab set only, not the test toolchain (setup)
+    make = (ROOT / "Makefile").read_text()
+    for target in ("bench", "bench-full"):
+        assert re.search(rf"^{target}\s*:(.*)$", make, re.M).group(1).split() == ["$(VENV)/.lab"], target
+
+
+def test_bench_duration_is_stated_once_and_the_same_everywhere(capsys):
+    """The README, `attn-course bench --help` and the line a run prints first quote one measured range."""
+    from attn_course.bench import cli
+    assert cli.QUICK_ALL in cli.parser().format_help().replace("\n", " ").replace("  ", " ") or \
+        " ".join(cli.QUICK_ALL.split()) in " ".join(cli.parser().format_help().split())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    bench_section = readme.split("## Benchmark", 1)[1].split("## ", 1)[0]
+    assert f"takes {cli.QUICK_ALL}" in bench_section
+    assert "about two minutes" not in bench_section and "about three" not in cli.DESCRIPTION
+    assert cli.expected_duration("all", False).endswith(cli.QUICK_ALL)
+
+
+def test_a_bench_run_prints_its_expected_duration_once(monkeypatch, capsys):
+    from attn_course.bench import cli
+    monkeypatch.setattr(cli, "run_one", lambda name, args, **kw: {"suite": name})
+    monkeypatch.setattr(cli, "report", lambda record: f"table of {record['suite']}")
+    assert cli.main(["--suite", "all", "--device", "cpu"]) == 0
+    out, err = capsys.readouterr()
+    assert err.count("expected duration") == 1 and cli.QUICK_ALL in err
+    assert [line for line in out.splitlines() if line] == ["table of attention", "table of sparse", "table of linear"]
+    assert cli.main(["--suite", "linear", "--device", "cpu", "--full"]) == 0
+    assert "about 23 minutes" in capsys.readouterr().err
 
 
 def test_make_lab_is_headless_and_honours_port():
@@ -211,3 +278,35 @@ def test_import_works_from_the_checkouts_parent_folder(tmp_path):
                           "print(attn_course.__file__)"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().endswith("__init__.py")
+
+
+def test_make_checks_the_python_first_and_never_reuses_another_pythons_venv(tmp_path, monkeypatch, capsys):
+    """Review 2026-11-26 (learner §4): `make lab PYTHON=python3.9` ended after 33 s in pip's "no matching
+    distribution for torch==2.13.0", and the half-built .venv (3.9) was silently reused by the next run with 3.11."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("check_python", ROOT / "tools" / "check_python.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    # the Makefile runs it before the venv is made, on every run (an order-only phony prerequisite)
+    make = (ROOT / "Makefile").read_text()
+    assert re.search(r"^\$\(VENV\)/\.torch:\s*\|\s*python-check\s*$", make, re.M)
+    assert _make_recipe("python-check") == ["@$(PYTHON) tools/check_python.py $(VENV)"]
+    here = sys.version_info[:2]
+    venv = tmp_path / ".venv"
+    assert mod.main(["x", str(venv)]) == 0                               # no venv yet, a supported Python
+    venv.mkdir()
+    (venv / "pyvenv.cfg").write_text(f"home = /usr/bin\nversion = {here[0]}.{here[1]}.7\n")
+    assert mod.main(["x", str(venv)]) == 0                               # made by this Python: reused
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.9.18\n")
+    assert mod.main(["x", str(venv)]) == 1
+    err = capsys.readouterr().err
+    assert "made by Python 3.9" in err and "make clean && make lab" in err and "PYTHON=python3.9" in err
+    for old in ((3, 9), (3, 15)):                                        # torch 2.13.0 has cp310..cp314 wheels
+        monkeypatch.setattr(sys, "version_info", (*old, 0, "final", 0))
+        assert mod.main(["x", str(tmp_path / "none")]) == 1
+        err = capsys.readouterr().err
+        assert f"This Python is {old[0]}.{old[1]}" in err and "3.10 to 3.14" in err and "make lab PYTHON=" in err
+    # and the real thing: a run of the script by the interpreter make would use
+    res = subprocess.run([sys.executable, str(ROOT / "tools" / "check_python.py"), str(venv)], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 1 and "is not reused" in res.stderr

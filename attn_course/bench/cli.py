@@ -24,9 +24,24 @@ call (CPU: RSS rise; CUDA: allocator peak); then all methods of the row timed to
 interleaved rounds after --warmup calls each, at --threads threads; the median and the spread (fastest,
 slowest, every round) are recorded with the machine (CPU, cores, torch, threads, load average).
 
-Duration on a 2-core CPU: the default (small) lengths take about a minute per suite, `--suite all` (what
-`make bench` runs) about three; --full measures the grids of the shipped recordings (lessons 08-10 print
-them) and takes far longer (about 25 minutes on a busy 2-core machine)."""
+Duration on a 2-core CPU (printed once when a run starts): {quick_all} for `--suite all` at the quick
+lengths (what `make bench` runs); {quick_one} for one suite; {full}."""
+
+# How long a run takes on a 2-core CPU, as measured (the load average decides: every method of a row is timed in
+# the same rounds, so load slows the run, not the comparison). Quoted by --help, by the line a run prints first,
+# and by the README (tests/test_packaging.py keeps the README's figure equal to QUICK_ALL).
+QUICK_ALL = "1.5 to 5 minutes (94 s measured at load average 2-3, 294 s at load 6-7: attention 100 s, " \
+            "sparse 122 s of which 62 s compiling FlexAttention, linear 72 s)"
+QUICK_ONE = "1 to 2 minutes"
+FULL = "--full, the recorded grids, about 23 minutes (attention 13, sparse 6, linear 3)"
+DESCRIPTION = DESCRIPTION.format(quick_all=QUICK_ALL, quick_one=QUICK_ONE, full=FULL)
+
+
+def expected_duration(suite: str, full: bool) -> str:
+    """The one line a run prints before it starts: how long it should take on a 2-core CPU."""
+    if full:
+        return f"expected duration on a 2-core CPU: {FULL.removeprefix('--full, the recorded grids, ')}"
+    return f"expected duration on a 2-core CPU: {QUICK_ALL if suite == 'all' else QUICK_ONE}"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -157,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     names = list(SUITE_NAMES) if ns.suite == "all" else [ns.suite]
     from . import SUITES
     progress = None if ns.quiet else (lambda msg: print(f"measuring {msg}", file=sys.stderr, flush=True))
+    if not ns.quiet and not ns.lengths:
+        print(expected_duration(ns.suite, ns.full), file=sys.stderr, flush=True)
     failed = False
     for name in names:
         path = None

@@ -27,6 +27,9 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("release", help="build exercises/ from solutions/")
     r.add_argument("--check", action="store_true", help="only compare; exit 1 if exercises/ is stale")
     r.add_argument("--root", default=None, help="course checkout (default: found upwards from cwd)")
+    r.add_argument("--check-published", action="store_true",
+                   help="ask the internet whether the repository, the release tag, lesson 01 at the tag (Colab) and "
+                        "the website answer; exit 0 ok, 1 missing although published, 3 unreachable (docs/publishing.md)")
 
     g = sub.add_parser("grade", help="grade learners' exercise notebooks in a sandbox")
     g.add_argument("submissions", nargs="+", metavar="SUBMISSION",
@@ -60,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(ring.main(argv[1:]) or 0)
     args = _parser().parse_args(argv)
     if args.command == "release":
+        if args.check_published:
+            from .publish import check_published
+            return check_published()
         from .release import release
         return release(args.root, check=args.check)
     from .runner import grade_cli

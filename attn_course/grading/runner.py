@@ -574,6 +574,28 @@ class SettingsError(ValueError):
     """The grader's settings would cost correct work its points (found on the course's own solutions)."""
 
 
+class NothingToGrade(ValueError):
+    """A folder given to the grader holds no notebook: grading nothing is an instructor's mistake (the wrong
+    folder, the wrong level, submissions still zipped), never an empty grade sheet that looks like success."""
+
+
+def check_not_empty(paths: list[str | Path]) -> None:
+    """Raise :class:`NothingToGrade` naming every folder in ``paths`` that holds no ``*.ipynb`` submission
+    (hidden folders such as ``.ipynb_checkpoints`` do not count), with what it holds instead."""
+    empty = []
+    for p in map(Path, paths):
+        if p.is_dir() and not collect([p]):
+            files = [f for f in p.rglob("*") if f.is_file()]
+            kinds = sorted({f.suffix or f.name for f in files})[:5]
+            zipped = [f for f in files if f.suffix.lower() in (".zip", ".tar", ".gz", ".tgz", ".7z")]
+            what = ("it is empty" if not files else f"it holds {len(files)} file(s) ({', '.join(kinds)}) but no .ipynb"
+                    + ("; extract the archives first" if zipped else ""))
+            empty.append(f"{p} ({what})")
+    if empty:
+        raise NothingToGrade("no notebook to grade in " + "; ".join(empty)
+                             + ": give the folder of learners' .ipynb files (one per learner, or one folder per learner)")
+
+
 def calibrate(course: Course, lessons: list[str], opts: Options) -> None:
     """Grade the trusted ``solutions/`` notebook of every lesson in the batch under ``opts`` first: if the
     course's own solutions lose a point (a timeout or memory limit too small for this machine), the
@@ -612,6 +634,7 @@ def grade_batch(paths: list[str | Path], out: str | Path, opts: Options | None =
     from tqdm.auto import tqdm
     opts = opts or Options()
     course = Course(root)
+    check_not_empty(paths)
     subs = collect(paths)
     if check_settings:
         calibrate(course, _lessons_of(subs, course), opts)
@@ -644,7 +667,7 @@ def grade_cli(args) -> int:
     t0 = time.monotonic()
     try:
         reports = grade_batch(args.submissions, args.out, opts, root=course.root, progress=not args.quiet)
-    except SettingsError as exc:
+    except (SettingsError, NothingToGrade) as exc:
         return fail(f"nothing was graded: {exc}")
     elapsed = time.monotonic() - t0
     errors = [r for r in reports if r["error"]]

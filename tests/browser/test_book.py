@@ -203,6 +203,55 @@ def test_every_page_is_clean(rel, tab, server):
     assert not tab.errors, f"{rel}: {tab.errors}"
 
 
+# Code blocks, tables and display math against the text column, at a wide screen and at a phone's width
+LAYOUT = """() => {
+  const pres = Array.from(document.querySelectorAll('div.cell pre, div.highlight pre'));
+  const scrolls = pres.filter(p => p.scrollWidth > p.clientWidth + 2);
+  const col = document.querySelector('article').getBoundingClientRect();
+  const tables = Array.from(document.querySelectorAll('article table')).map(t => {
+    const w = t.closest('.table-wrapper');
+    return {fits: t.getBoundingClientRect().width <= (w ? w.clientWidth : col.width) + 2,
+            marked: !!w && w.classList.contains('scrolls-x') && getComputedStyle(w).overflowX === 'auto'
+                    && getComputedStyle(w, '::before').content.includes('scroll sideways')};
+  });
+  const maths = Array.from(document.querySelectorAll('mjx-container[display="true"]'))
+    .filter(m => m.scrollWidth > m.clientWidth + 1 && getComputedStyle(m).overflowX !== 'auto');
+  return {blocks: pres.length, scrolls: scrolls.length, column: Math.round(col.width),
+          first: scrolls.slice(0, 3).map(p => p.textContent.split('\\n').sort((a, b) => b.length - a.length)[0].slice(0, 80)),
+          tables, clipped_math: maths.length, page_width: document.documentElement.scrollWidth};
+}"""
+NOTEBOOK_PAGES = [f"notebooks/{n[:-6]}.html" for n in LESSONS] + [f"exercises/{n[:-6]}.html" for n in EXERCISES]
+
+
+@pytest.mark.parametrize("rel", NOTEBOOK_PAGES)
+def test_code_and_tables_fit_the_column_wide_and_on_a_phone(rel, tab):
+    """Review 2026-11-26 (reader §4): at 1400 px Furo's 736-px column made 54-74 % of a lesson's code blocks
+    scroll sideways, lesson 08's benchmark table hid its last column without a hint, and at phone width the first
+    display equation was cut off. Now (docs/_static/course.css, course.js), on every lesson and exercise page: at
+    most 10 % of the code blocks scroll sideways at 1400 px (the column is wider, and long lines wrap as in
+    JupyterLab); every table fits, or scrolls inside its frame with a visible "scroll sideways" line; at 420 px the
+    page itself never scrolls sideways and a wide display formula scrolls inside its own box."""
+    tab.goto(rel)
+    try:
+        tab.page.set_viewport_size({"width": 1400, "height": 900})
+        tab.page.wait_for_timeout(100)
+        wide = tab.js(LAYOUT)
+        assert wide["column"] >= 840, f"{rel}: text column only {wide['column']} px at 1400 px"
+        assert wide["scrolls"] <= 0.10 * wide["blocks"], (
+            f"{rel}: {wide['scrolls']} of {wide['blocks']} code blocks scroll sideways at 1400 px: {wide['first']}")
+        assert all(t["fits"] or t["marked"] for t in wide["tables"]), f"{rel}: a table is cut at 1400 px: {wide['tables']}"
+        tab.page.set_viewport_size({"width": 420, "height": 900})
+        tab.page.wait_for_timeout(100)
+        phone = tab.js(LAYOUT)
+        assert phone["page_width"] <= 420, f"{rel}: the page scrolls sideways at 420 px ({phone['page_width']} px)"
+        assert all(t["fits"] or t["marked"] for t in phone["tables"]), f"{rel}: a table is cut at 420 px: {phone['tables']}"
+        assert phone["clipped_math"] == 0, f"{rel}: {phone['clipped_math']} display formulas cut at 420 px"
+        print(f"{rel}: {wide['scrolls']}/{wide['blocks']} code blocks scroll at 1400 px (column {wide['column']} px); "
+              f"{sum(not t['fits'] for t in phone['tables'])} of {len(phone['tables'])} tables scroll at 420 px")
+    finally:
+        tab.page.set_viewport_size({"width": 1300, "height": 900})
+
+
 def _page_of(notebook: str) -> str:
     return notebook[:-len(".ipynb")] + ".html"
 
