@@ -33,9 +33,16 @@ def test_recall_task():
 
 
 def test_recall_softmax_beats_linear_at_equal_size():
-    _, soft, _ = train_recall("softmax", qk_dim=8)
+    m_soft, soft, _ = train_recall("softmax", qk_dim=8)
     _, lin, _ = train_recall("linear", qk_dim=8)
     assert soft >= 0.9 and soft - lin >= 0.2, (soft, lin)
+    assert len(m_soft.losses) == 600 and sum(m_soft.losses[-50:]) < 0.2 * sum(m_soft.losses[:50])
+
+
+def test_recall_linear_with_more_features_than_pairs_recalls():
+    # lesson 10's control: the gap is the features' capacity (E = 8 < 16 pairs), not the training
+    _, lin32, _ = train_recall("linear", qk_dim=32, seed=1)
+    assert lin32 >= 0.9, lin32
 
 
 def test_explorer_views_and_costs():

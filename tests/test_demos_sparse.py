@@ -33,6 +33,7 @@ def test_train_masked_follows_the_device_and_is_deterministic():
     b = train_masked(task, mask, steps=5, progress=False, device=torch.device("cpu"))
     assert all(p.device.type == "cpu" for p in a.parameters()) and a.mask.device.type == "cpu"
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert len(a.losses) == 5 and a.losses == b.losses                   # the per-step losses, kept on the model
     acc_a, acc_b = accuracy_by_position(a, task, n=64), accuracy_by_position(b, task, n=64)
     assert torch.equal(acc_a.nan_to_num(-1.0), acc_b.nan_to_num(-1.0)) and bool(acc_a[:2].isnan().all())
     if torch.cuda.is_available():

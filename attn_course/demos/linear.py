@@ -139,7 +139,8 @@ def train_recall(kind: str, task: RecallTask | None = None, *, qk_dim: int = 8, 
                  steps: int = 600, batch_size: int = 64, lr: float = 1e-2, seed: int = 0, progress: bool = False,
                  device: torch.device | str | None = None) -> tuple[RecallModel, float, float]:
     """Train :class:`RecallModel` on ``device`` (default CPU); returns ``(model, held-out accuracy, seconds)``.
-    Deterministic per seed on a CPU (the data are drawn on the CPU whatever the device)."""
+    Deterministic per seed on a CPU (the data are drawn on the CPU whatever the device). The per-step
+    training losses are kept on ``model.losses``."""
     task = task or RecallTask()
     torch.manual_seed(seed)
     model = RecallModel(task, d_model=d_model, qk_dim=qk_dim, kind=kind).to(torch.device(device or "cpu"))
@@ -151,7 +152,7 @@ def train_recall(kind: str, task: RecallTask | None = None, *, qk_dim: int = 8, 
     n = task.num_pairs + 1
 
     t0 = time.perf_counter()
-    fit(model, sample, steps=steps, lr=lr, seed=seed, progress=progress, desc=f"recall ({kind})",
+    model.losses = fit(model, sample, steps=steps, lr=lr, seed=seed, progress=progress, desc=f"recall ({kind})",
         loss_fn=lambda logits, y: nn.functional.cross_entropy(logits, y), forward=lambda m, x: m(x[:, :n], x[:, n:]))
     return model, recall_accuracy(model, task), time.perf_counter() - t0
 

@@ -85,11 +85,11 @@ def train_masked(task: SparseTask, mask: torch.Tensor, *, steps: int = 300, lr: 
                  seed: int = 0, progress: bool = True, desc: str = "training", device=None) -> MaskedAttentionModel:
     """Train a :class:`MaskedAttentionModel` with ``mask`` on ``task``, on ``device`` (default: the mask's).
     Deterministic for ``seed`` on a given device: the parameters are initialised on the CPU and the batches
-    are drawn on the CPU, then moved."""
+    are drawn on the CPU, then moved. The per-step training losses are kept on ``model.losses``."""
     torch.manual_seed(seed)
     device = mask.device if device is None else torch.device(device)
     model = MaskedAttentionModel(task.vocab_size, task.seq_len, mask.cpu(), d_model).to(device)
-    fit(model, lambda g: task.sample(g), steps=steps, lr=lr, seed=seed, progress=progress, desc=desc,
+    model.losses = fit(model, lambda g: task.sample(g), steps=steps, lr=lr, seed=seed, progress=progress, desc=desc,
         loss_fn=lambda logits, y: torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(),
                                                                     ignore_index=-100))
     return model
