@@ -46,3 +46,17 @@ def test_open_lm_kinds_and_stats():
     assert attention_stats(soft, data, seq_len=16, batch_size=4)["sink"] == pytest.approx(0.0, abs=1e-6)
     with pytest.raises(ValueError, match="kind must be one of"):
         OpenLM("linear")
+
+
+def test_nothing_to_read_targets_by_hand():
+    from attn_course.demos.openmodels import NONE, nothing_to_read_batch
+    x, y = nothing_to_read_batch(torch.Generator().manual_seed(0), L=12, batch_size=64)
+    for xb, yb in zip(x, y):
+        digits = [(i, int(t)) for i, t in enumerate(xb) if 1 <= t <= 10]
+        assert len(digits) <= 1
+        want = [NONE] * 12
+        if digits:
+            i, d = digits[0]
+            want[i:] = [d] * (12 - i)
+        assert yb.tolist() == want
+    assert 0.5 < (x <= 10).any(1).double().mean() < 0.9         # most sequences, not all, hold a digit

@@ -86,3 +86,18 @@ def test_every_cache_case_set_covers_each_rule(seed):
     cases = get("15_cache_bytes").cases(torch.Generator().manual_seed(seed))
     kinds = {("window" in g) or g["kind"] for c in cases for g in c.params["layers"]}
     assert True in kinds and "delta" in kinds
+
+
+def test_crossover_reference_passes_and_matches_the_table():
+    from attn_course.grading.spec import Case
+    fn = lambda layers: -(-sum(g["count"] * (g["num_heads"] * g["k_head_dim"] * g["head_dim"] + g["conv_channels"] * 3)
+                               for g in layers if g["kind"] == "delta")
+                          // sum(g["count"] * (2 * g["num_kv_heads"] * g["head_dim"] if g["kind"] == "gqa"
+                                               else g["kv_lora_rank"] + g["qk_rope_head_dim"])
+                                 for g in layers if g["kind"] != "delta"))
+    assert_all_pass("15_crossover", fn)
+    layers = open_models()["Qwen3-Next-80B-A3B"]["layers"]        # the crossover by the package's byte counts
+    L = get("15_crossover").expected(Case("qwen", params={"layers": layers}))["L"].item()
+    attn = [g for g in layers if g["kind"] == "gqa"]
+    delta = [g for g in layers if g["kind"] == "delta"]
+    assert model_cache_bytes(attn, int(L)) >= model_cache_bytes(delta, 1) > model_cache_bytes(attn, int(L) - 1)

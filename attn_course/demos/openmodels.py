@@ -6,6 +6,8 @@
   gate only. :func:`train_open_lm` trains one with the course's :func:`~attn_course.demos._train.fit`, and
   :func:`attention_stats` measures the attention mass on the first token, the sink's share and the largest
   activation of the residual stream.
+* :func:`nothing_to_read_batch` / :func:`nothing_to_read_stats` — a copying task where the rows before the one
+  digit of a sequence have nothing to read: where a softmax head parks that attention, and what a sink absorbs.
 * :func:`recall_accuracy` — associative recall with updates, at the level of the state: keys written several
   times with new values into a d_k × d_v memory, by plain linear attention (S += k vᵀ) or by the delta rule
   (S += k (v − Sᵀk)ᵀ, β = 1); each key read back must give its latest value.
@@ -25,7 +27,8 @@ from ..sinks import SinkAttention
 from ._train import fit
 from .textlm import VOCAB, TextData
 
-__all__ = ["OpenLM", "train_open_lm", "attention_stats", "recall_accuracy", "common_noise_mass", "KINDS"]
+__all__ = ["OpenLM", "train_open_lm", "attention_stats", "recall_accuracy", "common_noise_mass", "KINDS",
+           "nothing_to_read_batch", "nothing_to_read_stats"]
 
 KINDS = ("softmax", "gated", "sink")
 
@@ -69,12 +72,14 @@ class OpenLM(nn.Module):
         return self.head(self.norm(x))
 
 
-def train_open_lm(kind: str, data: TextData, *, steps: int = 200, seed: int = 0, lr: float = 3e-3,
-                  progress: bool = False, **kw):
-    """A fresh :class:`OpenLM` of ``kind`` trained for ``steps`` batches; returns ``(model, per-step losses)``."""
+def train_open_lm(kind: str, data: TextData | None, *, steps: int = 200, seed: int = 0, lr: float = 3e-3,
+                  progress: bool = False, sample=None, **kw):
+    """A fresh :class:`OpenLM` of ``kind`` trained for ``steps`` batches of ``data`` (or of ``sample(gen)``);
+    returns ``(model, per-step losses)``."""
     torch.manual_seed(seed)
     model = OpenLM(kind, **kw)
-    losses = fit(model, data.sample, steps=steps, lr=lr, seed=seed, progress=progress, desc=f"OpenLM ({kind})")
+    losses = fit(model, sample or data.sample, steps=steps, lr=lr, seed=seed, progress=progress,
+                 desc=f"OpenLM ({kind})")
     return model, losses
 
 
@@ -136,3 +141,48 @@ def common_noise_mass(L: int = 64, *, signal: float = 3.0, noise: float = 1.0, l
     p1, p2 = torch.softmax(s1, 0), torch.softmax(z, 0)
     d = (p1 - lam * p2).clamp_min(0)
     return p1[0].item(), (d[0] / d.sum()).item()
+
+
+# ---- a task where some rows have nothing to read -------------------------------------------------------------
+
+NONE, DIGITS, LETTERS = 0, range(1, 11), range(11, 31)
+
+
+def nothing_to_read_batch(gen: torch.Generator, *, L: int = 24, batch_size: int = 32, p_digit: float = 0.7):
+    """``(x, y)`` (B, L): letters, and in most sequences ONE digit at a random position; the target at every
+    position is the digit seen so far, or ``NONE`` (0) before it (and everywhere when there is none). A query
+    before the digit has nothing to read: whatever it attends to is wrong to copy."""
+    x = torch.randint(LETTERS.start, LETTERS.stop, (batch_size, L), generator=gen)
+    has = torch.rand(batch_size, generator=gen) < p_digit
+    pos = torch.randint(1, L, (batch_size,), generator=gen)
+    digit = torch.randint(DIGITS.start, DIGITS.stop, (batch_size,), generator=gen)
+    rows = torch.arange(batch_size)[has]
+    x[rows, pos[has]] = digit[has]
+    seen = (torch.arange(L)[None] >= pos[:, None]) & has[:, None]
+    y = torch.where(seen, digit[:, None].expand(-1, L), torch.full_like(x, NONE))
+    return x, y
+
+
+@torch.no_grad()
+def nothing_to_read_stats(model: OpenLM, *, seed: int = 99, batch_size: int = 256) -> dict[str, float]:
+    """For a trained one-layer :class:`OpenLM`: accuracy, and where the attention of the rows with nothing to
+    read goes — ``sink`` (the share the sink absorbs), ``first`` (weight on position 0), ``self`` (on the query
+    itself) — against the rows after the digit: the weight they put on it (``on_digit``) and the sink's share
+    there (``sink_seen``)."""
+    gen = torch.Generator().manual_seed(seed)
+    x, y = nothing_to_read_batch(gen, batch_size=batch_size)
+    trace: list = []
+    logits = model(x, trace=trace)
+    w = trace[0][0].mean(1)                                                  # (B, L, L), mean over heads
+    is_digit = (x >= DIGITS.start) & (x < DIGITS.stop)
+    seen = is_digit.long().cumsum(1) > 0
+    empty = ~seen
+    empty[:, 0] = False                                                      # position 0 can only see itself
+    L = x.shape[1]
+    eye = torch.eye(L, dtype=torch.bool).expand_as(w)
+    return {"accuracy": (logits.argmax(-1) == y).double().mean().item(),
+            "sink": (1 - w.sum(-1))[empty].mean().item(),
+            "sink_seen": (1 - w.sum(-1))[seen & ~is_digit].mean().item(),
+            "first": w[..., 0][empty].mean().item(),
+            "self": w[eye].view(w.shape[0], L)[empty].mean().item(),
+            "on_digit": (w * is_digit[:, None, :]).sum(-1)[seen & ~is_digit].mean().item()}

@@ -224,6 +224,52 @@ def _cache_judge(got, want, case):
         same=lambda a, b: b is not None and close(a["bytes"], b["bytes"], atol=0.5, rtol=0))
 
 
+# ---- 15_crossover (compute) ----------------------------------------------------------------------------------
+
+def _cross_cases(gen):
+    out = []
+    for n in range(4):
+        attn = ({"kind": "gqa", "count": randint(gen, 1, 16), "num_heads": 16, "num_kv_heads": 2 ** randint(gen, 0, 3),
+                 "head_dim": 64 * randint(gen, 1, 4)} if n % 2 == 0 else
+                {"kind": "mla", "count": randint(gen, 1, 16), "kv_lora_rank": 128 * randint(gen, 1, 4), "qk_rope_head_dim": 64})
+        delta = {"kind": "delta", "count": randint(gen, 2, 40), "num_heads": 8 * randint(gen, 1, 4),
+                 "k_head_dim": 64 * randint(gen, 1, 2), "head_dim": 128, "conv_channels": 1024 * randint(gen, 2, 12),
+                 "conv_kernel": 4}
+        layers = [attn, delta] if randint(gen, 0, 1) else [delta, attn]
+        out.append(Case(_describe(layers), params={"layers": layers}))
+    return out
+
+
+def _cross_answer(fn, case):
+    return {"L": torch.tensor(float(fn([dict(g) for g in case.params["layers"]])), dtype=_F64)}
+
+
+def _cross_formula(case, *, floor=False, no_conv=False, per_layer=False, kv_heads=False):
+    state = per_token = 0
+    for g in case.params["layers"]:
+        n = 1 if per_layer else g["count"]
+        if g["kind"] == "delta":
+            state += (g["num_heads"] * g["k_head_dim"] * g["head_dim"]
+                      + (0 if no_conv else g["conv_channels"] * (g["conv_kernel"] - 1))) * n
+        elif g["kind"] == "gqa":
+            per_token += 2 * (g["num_heads"] if kv_heads else g["num_kv_heads"]) * g["head_dim"] * n
+        else:
+            per_token += (g["kv_lora_rank"] + g["qk_rope_head_dim"]) * n
+    return {"L": torch.tensor(float(state // per_token if floor else -(-state // per_token)), dtype=_F64)}
+
+
+def _cross_judge(got, want, case):
+    if close(got["L"], want["L"], atol=0.5, rtol=0):
+        return Verdict(True)
+    return diagnose(got, [
+        ("round UP: the smallest L whose cache is at least the state (ceil, not floor).", _cross_formula(case, floor=True)),
+        ("the delta layers' state includes the convolution's last conv_kernel − 1 inputs.", _cross_formula(case, no_conv=True)),
+        ("compare the whole groups: multiply each side by its layer count.", _cross_formula(case, per_layer=True)),
+        ("a GQA layer caches num_kv_heads heads, not num_heads.", _cross_formula(case, kv_heads=True)),
+    ], "the smallest L with L × (cache numbers per token of the attention groups) ≥ (state numbers of the delta groups).",
+        same=lambda a, b: b is not None and close(a["L"], b["L"], atol=0.5, rtol=0))
+
+
 EXERCISES = [
     Exercise("15_delta_rule", 4, "The gated delta rule, one token at a time",
              "a function delta_rule(q, k, v, g, beta) -> (o (B, H, L, d_v), S (B, H, d_k, d_v))",
@@ -235,4 +281,8 @@ EXERCISES = [
     Exercise("15_cache_bytes", 2, "What a hybrid model keeps per sequence",
              "a function cache_bytes(layers, seq_len) -> int (bytes, bf16)",
              _cache_cases, _cache_answer, _cache_expected, _cache_judge, forbidden=FORBID_COURSE, kind="compute"),
+    Exercise("15_crossover", 2, "When does attention's cache outgrow the linear layers' state?",
+             "a function crossover(layers) -> int (tokens)",
+             _cross_cases, _cross_answer, lambda case: _cross_formula(case), _cross_judge, forbidden=FORBID_COURSE,
+             kind="compute"),
 ]
