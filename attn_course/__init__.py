@@ -28,6 +28,11 @@ _LAZY = {
     "MultiHeadLatentAttention": "mla",
     "AdditiveAttention": "additive",
     "linear_attention": "linear",
+    "SinkAttention": "sinks",
+    "GatedAttention": "gated",
+    "GatedDeltaNet": "deltanet",
+    "SparseIndexer": "dsa",
+    "DifferentialAttention": "diff",
 }
 _SUBMODULES = {"functional", "masks", "rope", "positions", "ring", "viz", "widgets", "grading", "demos", "memory",
                "bench", "sparse"}

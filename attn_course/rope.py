@@ -66,13 +66,14 @@ def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
 
 
 def yarn_inv_freq(dim: int, base: float, factor: float, original_max_position_embeddings: int,
-                  beta_fast: float = 32.0, beta_slow: float = 1.0) -> torch.Tensor:
+                  beta_fast: float = 32.0, beta_slow: float = 1.0, *, truncate: bool = True) -> torch.Tensor:
     """YaRN's ``(dim/2,)`` fp64 frequencies θ'_i for a context ``factor`` times the original one.
 
     Pair i turns ``L₀·θ_i / 2π`` times over the original context L₀. Pairs that turn more than ``beta_fast``
     times keep θ_i (extrapolation), pairs that turn fewer than ``beta_slow`` times get θ_i / factor
     (interpolation); the pairs between blend the two along a linear ramp over i (the ramp's ends rounded
-    outwards to whole pairs, as Hugging Face's ``_compute_yarn_parameters`` does with ``truncate=True``).
+    outwards to whole pairs, as Hugging Face's ``_compute_yarn_parameters`` does with ``truncate=True``;
+    ``truncate=False``, gpt-oss's setting, keeps the fractional ends).
     """
     if dim % 2 or dim <= 0:
         raise ValueError(f"YaRN needs a positive even dim, got dim={dim}")
@@ -82,8 +83,10 @@ def yarn_inv_freq(dim: int, base: float, factor: float, original_max_position_em
     def pair_turning(turns: float) -> float:      # the (fractional) pair index that turns `turns` times over L₀
         return dim * math.log(original_max_position_embeddings / (turns * 2 * math.pi)) / (2 * math.log(base))
 
-    low = max(math.floor(pair_turning(beta_fast)), 0)
-    high = min(math.ceil(pair_turning(beta_slow)), dim - 1)
+    low, high = pair_turning(beta_fast), pair_turning(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
     theta = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)                    # (dim/2,)
     ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)).clamp(0, 1)
     return theta * (1 - ramp) + theta / factor * ramp

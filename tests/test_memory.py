@@ -66,3 +66,47 @@ def test_errors():
         kv_cache_bytes("mha", seq_len=0, num_heads=8, head_dim=16)
     with pytest.raises(ValueError, match="num_kv_heads must be a positive integer, got 0"):
         kv_cache_bytes("gqa", num_kv_heads=0, **kw)
+
+
+# ---- lesson 15: windows, DeepSeek's indexer key, linear-attention states, the open-model table ----------------
+
+def test_window_caps_the_cached_tokens():
+    full = kv_cache_bytes("gqa", seq_len=100, num_heads=8, head_dim=16, num_kv_heads=2)
+    assert kv_cache_bytes("gqa", seq_len=100, num_heads=8, head_dim=16, num_kv_heads=2, window=30) == full * 30 // 100
+    assert kv_cache_bytes("gqa", seq_len=20, num_heads=8, head_dim=16, num_kv_heads=2, window=30) == full * 20 // 100
+    with pytest.raises(ValueError, match="window must be a positive integer"):
+        kv_cache_bytes("mha", seq_len=4, num_heads=2, head_dim=4, window=0)
+
+
+def test_dsa_adds_the_indexer_key_to_mla():
+    mla = kv_cache_bytes("mla", seq_len=10, num_heads=1, head_dim=1, kv_lora_rank=512, qk_rope_head_dim=64)
+    dsa = kv_cache_bytes("dsa", seq_len=10, num_heads=1, head_dim=1, kv_lora_rank=512, qk_rope_head_dim=64,
+                         index_head_dim=128)
+    assert (mla, dsa) == (10 * 576 * 2, 10 * 704 * 2)
+    with pytest.raises(ValueError, match="index_head_dim"):
+        kv_cache_bytes("dsa", seq_len=10, num_heads=1, head_dim=1, kv_lora_rank=512, qk_rope_head_dim=64)
+
+
+def test_delta_state_does_not_grow_with_length():
+    a = kv_cache_bytes("delta", seq_len=10, num_heads=4, head_dim=6, k_head_dim=8, conv_channels=56, conv_kernel=4,
+                       dtype=torch.float32)
+    b = kv_cache_bytes("delta", seq_len=10_000, num_heads=4, head_dim=6, k_head_dim=8, conv_channels=56, conv_kernel=4,
+                       dtype=torch.float32)
+    from attn_course.deltanet import GatedDeltaNet
+    assert a == b == GatedDeltaNet(32, 2, 4, 8, 6).state_bytes()       # the module's own count agrees
+    with pytest.raises(ValueError, match="k_head_dim"):
+        kv_cache_bytes("delta", seq_len=10, num_heads=4, head_dim=6)
+
+
+def test_open_model_table_by_hand():
+    from attn_course.memory import model_cache_bytes, open_models
+    m = open_models()
+    assert {"Llama 3 8B", "gpt-oss-20b", "gpt-oss-120b", "Qwen3-Next-80B-A3B", "Kimi Linear 48B-A3B",
+            "DeepSeek-V3.2", "Gemma 3 27B"} <= set(m)
+    L = 32768
+    assert model_cache_bytes(m["Llama 3 8B"]["layers"], L) == 2 * 8 * 128 * 32 * L * 2        # bf16
+    assert model_cache_bytes(m["gpt-oss-20b"]["layers"], L) == 2 * 8 * 64 * 12 * (128 + L) * 2
+    qwen = 2 * 2 * 256 * 12 * L * 2 + 36 * (32 * 128 * 128 + 8192 * 3) * 2
+    assert model_cache_bytes(m["Qwen3-Next-80B-A3B"]["layers"], L) == qwen
+    assert model_cache_bytes(m["DeepSeek-V3.2"]["layers"], L) == 61 * (512 + 64 + 128) * L * 2
+    assert sum(g["count"] for g in m["Gemma 3 27B"]["layers"]) == 62
