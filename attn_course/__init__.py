@@ -30,7 +30,7 @@ _LAZY = {
     "linear_attention": "linear",
 }
 _SUBMODULES = {"functional", "masks", "rope", "positions", "ring", "viz", "widgets", "grading", "demos", "memory",
-               "bench", "sparse"}
+               "bench", "sparse", "paged", "decoding"}
 
 __all__ = sorted(_LAZY) + sorted(_SUBMODULES)
 
