@@ -60,8 +60,10 @@ def split_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_splits
     C = max(1, -(-Lk // S))                                           # keys per split
     pad = S * C - Lk                                                  # the last split(s) padded, then masked
     Q = q.reshape(N, Lq, E).to(acc) * (scale * LOG2E)                 # base 2, as lesson 08's kernels
-    K = torch.nn.functional.pad(k.reshape(N, Lk, E).to(acc), (0, 0, 0, pad)).view(N, S, C, E)
-    V = torch.nn.functional.pad(v.reshape(N, Lk, Ev).to(acc), (0, 0, 0, pad)).view(N, S, C, Ev)
+    K, V = k.reshape(N, Lk, E).to(acc), v.reshape(N, Lk, Ev).to(acc)
+    if pad:                                                           # (a copy only when Lk is not a multiple)
+        K, V = torch.nn.functional.pad(K, (0, 0, 0, pad)), torch.nn.functional.pad(V, (0, 0, 0, pad))
+    K, V = K.reshape(N, S, C, E), V.reshape(N, S, C, Ev)
     # (N·S, Lq, C): every split's scores in one batched matmul — the S splits run in parallel
     scores = torch.matmul(Q.unsqueeze(1), K.transpose(-1, -2)).view(N * S, Lq, C)
     if pad:
