@@ -19,7 +19,7 @@ def test_every_exercise_has_a_kind_and_every_lesson_a_build_exercise():
     exercises = list(registry().values())
     assert all(ex.kind in KINDS for ex in exercises)
     lessons = {ex.id[:2] for ex in exercises if ex.id[:2].isdigit()}
-    assert lessons == {f"{n:02d}" for n in range(1, 14)} | {"15", "16"}   # 14 arrives with its lesson
+    assert lessons == {f"{n:02d}" for n in range(1, 17)}
     # every lesson has a build exercise; 16 is the course's open capstone (no lesson notebook of its own)
     assert all(any(ex.kind == "build" and ex.id[:2] == n for ex in exercises) for n in lessons - {"16"})
     assert [ex.id for ex in exercises if ex.kind == "open"] == ["16_capstone"]

@@ -1,0 +1,299 @@
+"""Exercise set 14 — attention when serving (solutions/14_serving_attention.ipynb).
+
+References are computed here (float64 softmax attention written out, integer formulas), independently of the
+learner and of ``attn_course.paged``. Hints are *detected*: each judge computes what the common mistakes
+(forgetting K or V, layers or bytes; rounding the pool up; no copy-on-write; sharing the partly filled block;
+no length mask on the last block; the wrong GQA grouping; blocks read in pool order; no scale) would return on
+the same inputs and names the match. The paged decode step may not gather a sequence into one contiguous
+tensor: no tensor of ``H_kv · seq_len · d`` elements or more (``spec.limit_numel``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..spec import Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, close, diagnose, distinct, draw, limit_numel, randint
+
+__all__ = ["EXERCISES"]
+
+_F64 = torch.float64
+
+
+def _max_diff(got: torch.Tensor, want: torch.Tensor) -> str:
+    d = (got.double() - want.double()).abs()
+    return "NaN" if torch.isnan(d).any() else f"{float(d.max()):.3g}"
+
+
+# ---- 14_pool_blocks -------------------------------------------------------------------------------------
+
+_POOL_KEYS = ("memory_bytes", "num_layers", "num_kv_heads", "head_dim", "bytes_per_element", "block_size")
+
+
+def _pool(p, *, kv=2, layers=True, nbytes=True, per_token=False, ceil=False):
+    block = (kv * (p["num_layers"] if layers else 1) * p["num_kv_heads"] * p["head_dim"]
+             * (p["bytes_per_element"] if nbytes else 1) * (1 if per_token else p["block_size"]))
+    return -(-p["memory_bytes"] // block) if ceil else p["memory_bytes"] // block
+
+
+def _pool_cases(gen):
+    # bytes_per_element is never 2 (forgetting it would equal forgetting K or V) nor 1 (no effect)
+    makers = [lambda g: (randint(g, 20, 60) * 2**30 + randint(g, 1, 2**29), 32, 8, 128, 4, 16),   # Llama-3-8B, fp32
+              lambda g: (randint(g, 10**7, 10**9), randint(g, 3, 40), randint(g, 1, 8), 64 * randint(g, 1, 2),
+                         4, 2 ** randint(g, 3, 5)),
+              lambda g: (randint(g, 10**6, 10**8), randint(g, 2, 12), randint(g, 3, 6), randint(g, 5, 40),
+                         4, randint(g, 3, 24))]
+
+    def ok(s):
+        p = dict(zip(_POOL_KEYS, s))
+        vals = [_pool(p), _pool(p, kv=1), _pool(p, layers=False), _pool(p, nbytes=False), _pool(p, per_token=True),
+                _pool(p, ceil=True)]
+        return vals[0] >= 1 and distinct(*vals)
+    return [Case(", ".join(f"{k}={v}" for k, v in zip(_POOL_KEYS, s)), params=dict(zip(_POOL_KEYS, s)))
+            for s in (draw(gen, make, ok) for make in makers)]
+
+
+def _pool_answer(fn, case):
+    return {"blocks": torch.tensor(int(fn(*case.params.values())), dtype=torch.int64)}
+
+
+def _pool_expected(case):
+    return {"blocks": torch.tensor(_pool(case.params), dtype=torch.int64)}
+
+
+def _pool_judge(got, want, case):
+    g, w, p = int(got["blocks"]), int(want["blocks"]), case.params
+    if g == w:
+        return Verdict(True)
+    for value, hint in [
+        (_pool(p, kv=1), "a block holds keys AND values: 2 · layers · KV heads · head_dim · block_size · bytes."),
+        (_pool(p, layers=False), "every layer caches its own keys and values for the block's tokens: multiply "
+                                 "by num_layers."),
+        (_pool(p, nbytes=False), "memory_bytes is in bytes: multiply the numbers per block by bytes_per_element."),
+        (_pool(p, per_token=True), "that counts token slots; one block holds block_size tokens."),
+        (_pool(p, ceil=True), "round down: a block that does not fit entirely cannot be allocated."),
+    ]:
+        if g == value:
+            return Verdict(False, hint)
+    return Verdict(False, f"got {g:,}, expected {w:,} blocks: memory_bytes // (bytes of one block).")
+
+
+# ---- 14_shared_prefix_blocks ----------------------------------------------------------------------------
+
+def _shared(prefix_len, suffixes, B, *, cow=True, parent=True, share=True):
+    if not share:
+        return sum(-(-(prefix_len + u) // B) for u in suffixes) + (-(-prefix_len // B) if parent else 0)
+    first_own = prefix_len // B if cow else -(-prefix_len // B)     # the partly filled block is copied (COW)
+    own = sum(-(-(prefix_len + u) // B) - first_own for u in suffixes)
+    return own + (-(-prefix_len // B) if parent else 0)
+
+
+def _shared_cases(gen):
+    def make(lo_p, hi_p, n, hi_u, Bs):
+        def m(g):
+            B = Bs[randint(g, 0, len(Bs) - 1)]
+            P = randint(g, lo_p, hi_p)
+            return P, [randint(g, 1, hi_u) for _ in range(randint(g, 2, n))], B
+        return m
+
+    def ok(c):
+        P, us, B = c
+        return P % B != 0 and distinct(_shared(P, us, B), _shared(P, us, B, cow=False),
+                                       _shared(P, us, B, parent=False), _shared(P, us, B, share=False),
+                                       _shared(P, us, B, share=False, parent=False))
+    cases = [draw(gen, make(20, 200, 6, 60, (8, 16)), ok), draw(gen, make(300, 2000, 12, 500, (16, 32)), ok),
+             draw(gen, make(5, 40, 4, 10, (4, 6)), ok)]
+    return [Case(f"prefix_len={P}, suffix_lengths={us}, block_size={B}",
+                 params=dict(prefix_len=P, suffix_lengths=us, block_size=B)) for P, us, B in cases]
+
+
+def _shared_answer(fn, case):
+    p = case.params
+    return {"blocks": torch.tensor(int(fn(p["prefix_len"], list(p["suffix_lengths"]), p["block_size"])),
+                                   dtype=torch.int64)}
+
+
+def _shared_expected(case):
+    p = case.params
+    return {"blocks": torch.tensor(_shared(p["prefix_len"], p["suffix_lengths"], p["block_size"]), dtype=torch.int64)}
+
+
+def _shared_judge(got, want, case):
+    g, w = int(got["blocks"]), int(want["blocks"])
+    if g == w:
+        return Verdict(True)
+    P, us, B = case.params["prefix_len"], case.params["suffix_lengths"], case.params["block_size"]
+    for value, hint in [
+        (_shared(P, us, B, cow=False), "the prefix's last block is only partly filled: the first write of each "
+                                       "request copies it (copy-on-write), so every request owns its own copy."),
+        (_shared(P, us, B, parent=False), "the prefix's own sequence stays in the cache (new requests fork it): "
+                                          "count its ceil(prefix_len / block_size) blocks once."),
+        (_shared(P, us, B, share=False), "with forks the requests share the prefix's full blocks: count them once, "
+                                         "not once per request."),
+        (_shared(P, us, B, share=False, parent=False), "that is the cache without sharing: the forked requests "
+                                                       "share the prefix's full blocks."),
+    ]:
+        if g == value:
+            return Verdict(False, hint)
+    return Verdict(False, f"got {g:,}, expected {w:,} blocks.")
+
+
+# ---- 14_paged_decode ------------------------------------------------------------------------------------
+
+def _dec_cases(gen):
+    cases = []
+    for nb, Hkv, g, B, d in ((12, 2, 2, 4, 8), (16, 1, 4, 8, 16), (20, 2, 3, 5, 6)):
+        # a partial last block, and seq_len > g·B: one block's keys repeated for all H query heads stay under the limit
+        L = draw(gen, lambda gg: randint(gg, (g + 1) * B + 1, nb // 2 * B), lambda n: n % B != 0)
+        k_pool = torch.randn(nb, Hkv, B, d, generator=gen, dtype=_F64) * 2      # unused slots hold stale data
+        v_pool = torch.randn(nb, Hkv, B, d, generator=gen, dtype=_F64)
+        n = -(-L // B)
+        table = torch.randperm(nb, generator=gen)[:n]
+        if bool((table[:-1] < table[1:]).all()):                                  # never already in pool order
+            table = table.flip(0)
+        q = torch.randn(Hkv * g, d, generator=gen, dtype=_F64)
+        cases.append(Case(f"q {tuple(q.shape)}, pools {tuple(k_pool.shape)}, block_table of {n} blocks, seq_len={L}",
+                          {"q": q, "k_pool": k_pool, "v_pool": v_pool, "block_table": table}, {"seq_len": L}))
+    return cases
+
+
+def _dec_answer(fn, case):
+    i = case.inputs
+    return {"out": fn(i["q"], i["k_pool"], i["v_pool"], i["block_table"].clone(), case.params["seq_len"])}
+
+
+def _dec_limit(case):
+    _, Hkv, _, d = case.inputs["k_pool"].shape
+    return Hkv * case.params["seq_len"] * d
+
+
+def _dec_materialised(case, shape, limit):
+    return (f"your code formed a {shape} tensor (≥ {limit} elements = H_kv·seq_len·d): that is the whole "
+            f"sequence's keys or values gathered into one tensor — read them one block at a time.")
+
+
+def _decode(case, *, mask=True, grouping="div", order="table", scale=True):
+    i = case.inputs
+    q, K, V, table, L = i["q"].to(_F64), i["k_pool"], i["v_pool"], i["block_table"], case.params["seq_len"]
+    Hq, (_, Hkv, B, d) = q.shape[0], K.shape
+    if order == "sorted":
+        table = table.sort().values
+    keys = K[table].transpose(0, 1).reshape(Hkv, -1, d)                   # (H_kv, n·B, d)
+    vals = V[table].transpose(0, 1).reshape(Hkv, -1, d)
+    if mask:
+        keys, vals = keys[:, :L], vals[:, :L]
+    g = Hq // Hkv
+    heads = torch.arange(Hq) // g if grouping == "div" else torch.arange(Hq) % Hkv
+    s = torch.einsum("hd,hld->hl", q, keys[heads]) / (math.sqrt(d) if scale else 1.0)
+    return {"out": torch.einsum("hl,hld->hd", s.softmax(-1), vals[heads]).to(i["q"].dtype)}
+
+
+def _dec_expected(case):
+    return _decode(case)
+
+
+def _dec_judge(got, want, case):
+    if close(got["out"], want["out"], atol=1e-6, rtol=1e-6):
+        return Verdict(True)
+    return diagnose(got, [
+        ("the last block is only partly filled: its slots at positions ≥ seq_len hold stale keys from an earlier "
+         "sequence — mask them.", _decode(case, mask=False)),
+        ("query head h reads KV head h // (H / H_kv) (consecutive query heads share a KV head), not h % H_kv.",
+         _decode(case, grouping="mod")),
+        ("read the blocks in the block table's order: token t is in block_table[t // block_size], whatever the "
+         "block's number in the pool.", _decode(case, order="sorted")),
+        ("scale the scores by 1/sqrt(head_dim).", _decode(case, scale=False)),
+    ], f"wrong values (largest difference {_max_diff(got['out'], want['out'])}): out[h] = softmax(q[h]·K/√d) V over "
+       f"the seq_len tokens of the sequence, K and V read from the blocks of block_table in order.")
+
+
+# ---- 14_split_kv ----------------------------------------------------------------------------------------
+
+def _split_cases(gen):
+    cases = []
+    for H, E, Dv, S in ((2, 8, 6, 3), (4, 16, 8, 5), (3, 6, 10, 4)):
+        C = randint(gen, 3, 9)
+        L = draw(gen, lambda g: randint(g, (S - 1) * C + 1, S * C), lambda n: -(-n // S) == C and n % S != 0)
+        t = {"q": torch.randn(H, E, generator=gen, dtype=_F64) * 2, "k": torch.randn(H, L, E, generator=gen, dtype=_F64),
+             "v": torch.randn(H, L, Dv, generator=gen, dtype=_F64)}
+        cases.append(Case(f"q {tuple(t['q'].shape)}, k {tuple(t['k'].shape)}, v {tuple(t['v'].shape)}, num_splits={S}",
+                          t, {"num_splits": S}))
+    return cases
+
+
+def _split_answer(fn, case):
+    i = case.inputs
+    out, split_out, split_lse = fn(i["q"], i["k"], i["v"], case.params["num_splits"])
+    return {"out": out, "split_out": split_out, "split_lse": split_lse}
+
+
+def _split(case, *, bounds="ceil", base=math.e, scale=True, normalise=True, merge="lse"):
+    i = case.inputs
+    q, k, v, S = i["q"], i["k"], i["v"], case.params["num_splits"]
+    L, E = k.shape[1], q.shape[-1]
+    if bounds == "ceil":
+        C = -(-L // S)
+        edges = [(s * C, min((s + 1) * C, L)) for s in range(S)]
+    else:                                                        # torch.tensor_split's: sizes differ by at most 1
+        edges, start = [], 0
+        for s in range(S):
+            n = L // S + (1 if s < L % S else 0)
+            edges.append((start, start + n))
+            start += n
+    outs, lses = [], []
+    for a, b in edges:
+        x = torch.einsum("he,hle->hl", q, k[:, a:b]) / (math.sqrt(E) if scale else 1.0)
+        lse = torch.logsumexp(x, -1)                                  # natural log
+        w = torch.exp(x - lse[:, None])
+        o = torch.einsum("hl,hld->hd", w, v[:, a:b])
+        outs.append(o if normalise else o * torch.exp(lse)[:, None])
+        lses.append(lse / math.log(base))
+    split_out, split_lse = torch.stack(outs), torch.stack(lses)
+    nat = torch.stack([l_ * math.log(base) for l_ in lses])
+    total = torch.logsumexp(nat, 0)
+    weights = torch.exp(nat - total) if merge == "lse" else torch.full_like(nat, 1 / S)
+    normalised = torch.stack([o if normalise else o / torch.exp(l_)[:, None] for o, l_ in zip(outs, nat)])
+    out = (weights[..., None] * normalised).sum(0)
+    return {"out": out, "split_out": split_out, "split_lse": split_lse}
+
+
+def _split_expected(case):
+    return _split(case)
+
+
+def _split_judge(got, want, case):
+    if all(close(got[k], want[k], atol=1e-6, rtol=1e-6) for k in want):
+        return Verdict(True)
+    right = _split(case)
+    return diagnose(got, [
+        ("merging by the average of the splits is right only when every split has the same log-sum-exp: weight "
+         "split s by exp(lse_s − lse), lse = log Σ_s exp(lse_s).", {"out": _split(case, merge="mean")["out"]}),
+        ("split s holds keys [s·C, (s+1)·C) with C = ceil(L / num_splits) (what torch.split(C) or torch.chunk "
+         "give), not torch.tensor_split's sizes.", {"split_lse": _split(case, bounds="tensor_split")["split_lse"]}),
+        ("lse_s is the NATURAL log-sum-exp of the split's scaled scores (log, not log2).",
+         {"split_lse": _split(case, base=2.0)["split_lse"]}),
+        ("each split's output is normalised over its own keys: divide its weighted sum by ℓ_s = Σ exp(x − m_s) "
+         "(times exp(m_s)); keep ℓ_s's log in lse_s.", {"split_out": _split(case, normalise=False)["split_out"]}),
+        ("scale the scores by 1/sqrt(E).", _split(case, scale=False)),
+    ], "wrong values (largest differences: out " + _max_diff(got["out"], right["out"]) + ", split_out "
+       + _max_diff(got["split_out"], right["split_out"]) + ", split_lse " + _max_diff(got["split_lse"], right["split_lse"])
+       + "): each split's softmax over its own keys, merged by log-sum-exp.")
+
+
+EXERCISES = [
+    Exercise("14_pool_blocks", 1, "How many blocks fit in the GPU's memory",
+             "a function pool_blocks(memory_bytes, num_layers, num_kv_heads, head_dim, bytes_per_element, "
+             "block_size) -> int",
+             _pool_cases, _pool_answer, _pool_expected, _pool_judge, forbidden=FORBID_COURSE, kind="compute"),
+    Exercise("14_shared_prefix_blocks", 2, "Blocks in use with a shared system prompt",
+             "a function shared_prefix_blocks(prefix_len, suffix_lengths, block_size) -> int",
+             _shared_cases, _shared_answer, _shared_expected, _shared_judge, forbidden=FORBID_COURSE, kind="compute"),
+    Exercise("14_paged_decode", 4, "The paged decode step, block by block",
+             "a function paged_decode(q, k_pool, v_pool, block_table, seq_len) -> (H, d)",
+             _dec_cases, limit_numel(_dec_answer, _dec_limit, _dec_materialised), _dec_expected, _dec_judge,
+             forbidden=FORBID_COURSE + FORBID_SDPA, kind="build"),
+    Exercise("14_split_kv", 3, "Flash-decoding: split the keys, merge by log-sum-exp",
+             "a function split_kv_decode(q, k, v, num_splits) -> (out (H, Dv), split_out (S, H, Dv), split_lse (S, H))",
+             _split_cases, _split_answer, _split_expected, _split_judge, forbidden=FORBID_COURSE + FORBID_SDPA,
+             kind="build"),
+]
