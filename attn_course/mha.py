@@ -25,7 +25,7 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     """``(B, L, H·d_h) -> (B, H, L, d_h)``: feature block h of every token becomes head h.
 
     Equivalent to ``x.view(B, L, H, d_h).transpose(1, 2)``; ``x.view(B, H, L, d_h)`` is a bug (it cuts
-    the flattened tokens, not the features), and it hides when L == d_h because the shapes agree.
+    the flattened tokens, not the features) that has the right shape for every L, so nothing fails.
     """
     return rearrange(x, "b l (h d) -> b h l d", h=num_heads)
 

@@ -1,8 +1,17 @@
-"""Tiny tasks for lessons 02 and 03, where one attention layer must use several heads.
+"""Tiny tasks for lessons 02 and 03: one attention layer that has to fetch two tokens in two roles.
 
 Lesson 02, :class:`NeighbourTask` (bidirectional): ``y_t = (x_{t-1} − x_{t+1}) mod V`` with cyclic
-positions. Subtraction is not symmetric, so a head that averages both neighbours cannot tell which
-token came from where: the model needs one head looking left and another looking right.
+positions. Subtraction is not symmetric, so a head that averages both neighbours *equally* cannot tell
+which token came from where. One head still solves it: it weights the two neighbours unequally (the
+positions are fixed, so the ratio is too) and the MLP read-out decodes the unequal mixture. Several
+heads are not needed here; the task is used to look at how heads specialise.
+
+Lesson 02, :class:`KeyPairTask` (bidirectional), where one head does not learn what four heads of the
+same total width learn: every position holds a key and a value (two embeddings added, like a token and
+its position), and the target at a position with key ``k`` is ``(value of key k+1 − value of key k−1)
+mod V``. The two values are found by content, and each key occurs a random number of times, so a single
+softmax cannot give the two keys a fixed unequal share; averaging them equally loses which value is
+which (the best such a model can do is :meth:`KeyPairTask.unordered_ceiling`).
 
 Lesson 03, :class:`LagTask` (causal, so it can be decoded token by token with a KV cache):
 ``y_t = (x_{t-1} − x_{t-lag}) mod V``. Again two positions with different roles; with many heads of
@@ -24,7 +33,7 @@ from ..gqa import GroupedQueryAttention, KVCache
 from ..mha import MultiHeadAttention
 from ._train import fit, token_accuracy
 
-__all__ = ["NeighbourTask", "LagTask", "TinyAttentionModel", "make_model", "train", "evaluate"]
+__all__ = ["NeighbourTask", "KeyPairTask", "LagTask", "TinyAttentionModel", "make_model", "train", "evaluate"]
 
 IGNORE = -100
 
@@ -50,6 +59,81 @@ class NeighbourTask:
     def sample(self, gen: torch.Generator, batch_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.randint(self.vocab_size, (batch_size, self.seq_len), generator=gen)
         return x, self.targets(x)
+
+
+@dataclass(frozen=True)
+class KeyPairTask:
+    """Two lookups by content: ``y_t = (val[k_t + 1] − val[k_t − 1]) mod num_values`` (keys mod num_keys).
+
+    A sequence draws one value per key, ``val`` ``(num_keys,)``, and its keys from a skewed distribution
+    of its own (weights ~ Exp(1)), so each key occurs a random number of times; every occurrence of key
+    ``k`` holds ``(k, val[k])``, encoded as the token id ``k * num_values + val[k]`` and embedded as
+    ``E_key[k] + E_val[val[k]]`` (``fields``). Positions where key ``k_t ± 1`` is absent are not scored.
+    """
+    num_keys: int = 4
+    num_values: int = 4
+    seq_len: int = 12
+    causal = False
+
+    def __post_init__(self):
+        positive_int("num_keys", self.num_keys)
+        positive_int("num_values", self.num_values)
+        positive_int("seq_len", self.seq_len)
+        if self.num_keys < 3:
+            raise ValueError(f"num_keys={self.num_keys} must be at least 3 (keys k-1, k and k+1 must differ)")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.num_keys * self.num_values
+
+    @property
+    def num_classes(self) -> int:
+        return self.num_values
+
+    @property
+    def fields(self) -> tuple[int, int]:
+        """Token id ``i`` is the pair ``(i // num_values, i % num_values)`` = (key, value)."""
+        return self.num_keys, self.num_values
+
+    def targets(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``(B, L)`` token ids -> targets ``(B, L)`` (IGNORE where a needed key is absent)."""
+        K, V = self.fields
+        keys, vals = x // V, x % V
+        present = torch.zeros(*x.shape[:-1], K, dtype=torch.bool, device=x.device).scatter_(-1, keys, True)
+        table = torch.zeros(*x.shape[:-1], K, dtype=x.dtype, device=x.device).scatter_(-1, keys, vals)
+        up, down = (keys + 1) % K, (keys - 1) % K
+        y = (table.gather(-1, up) - table.gather(-1, down)) % V
+        y[~(present.gather(-1, up) & present.gather(-1, down))] = IGNORE
+        return y
+
+    def sample(self, gen: torch.Generator, batch_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+        K, V = self.fields
+        p = torch.empty(batch_size, K).exponential_(generator=gen)                   # skewed key counts
+        keys = torch.multinomial(p, self.seq_len, replacement=True, generator=gen)  # (B, L)
+        vals = torch.randint(V, (batch_size, K), generator=gen)                      # one value per key
+        x = keys * V + vals.gather(-1, keys)
+        return x, self.targets(x)
+
+    def unordered_ceiling(self) -> float:
+        """Best accuracy from the unordered pair {val[k+1], val[k−1]} alone (values uniform, independent).
+
+        For ``a ≠ b`` with ``(a − b) ≠ (b − a) mod V`` the two orders are equally likely and give
+        different answers, so such a predictor is right half of the time; otherwise always.
+        """
+        V = self.num_values
+        return sum(1.0 if (a - b) % V == (b - a) % V else 0.5 for a in range(V) for b in range(V)) / V**2
+
+
+class FieldEmbedding(nn.Module):
+    """Token id -> ``E_first[i // n_second] + E_second[i % n_second]``: two features added, not bound."""
+
+    def __init__(self, fields: tuple[int, int], d_model: int):
+        super().__init__()
+        self.n_second = fields[1]
+        self.first, self.second = nn.Embedding(fields[0], d_model), nn.Embedding(fields[1], d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.first(x // self.n_second) + self.second(x % self.n_second)
 
 
 @dataclass(frozen=True)
@@ -86,14 +170,18 @@ class TinyAttentionModel(nn.Module):
     """Embeddings -> one attention layer -> MLP read-out (no residual: the answer must come through attention).
 
     ``num_kv_heads=None`` uses :class:`MultiHeadAttention`; an int uses :class:`GroupedQueryAttention`
-    (which also supports a :class:`KVCache` for decoding).
+    (which also supports a :class:`KVCache` for decoding). ``fields=(n1, n2)`` embeds token ``i`` as two
+    added features (:class:`FieldEmbedding`, ``vocab_size == n1 * n2``) instead of one table row.
     """
 
     def __init__(self, vocab_size: int, seq_len: int, num_classes: int, *, d_model: int = 32,
-                 num_heads: int = 4, num_kv_heads: int | None = None, hidden: int = 128, causal: bool = False):
+                 num_heads: int = 4, num_kv_heads: int | None = None, hidden: int = 128, causal: bool = False,
+                 fields: tuple[int, int] | None = None):
         super().__init__()
         self.causal = causal
-        self.tok = nn.Embedding(vocab_size, d_model)
+        if fields is not None and fields[0] * fields[1] != vocab_size:
+            raise ValueError(f"fields={tuple(fields)} do not multiply to vocab_size={vocab_size}")
+        self.tok = nn.Embedding(vocab_size, d_model) if fields is None else FieldEmbedding(fields, d_model)
         self.pos = nn.Embedding(seq_len, d_model)
         self.attn = (MultiHeadAttention(d_model, num_heads) if num_kv_heads is None
                      else GroupedQueryAttention(d_model, num_heads, num_kv_heads))
@@ -115,8 +203,10 @@ class TinyAttentionModel(nn.Module):
 
 
 def make_model(task, *, seed: int = 0, **kw) -> TinyAttentionModel:
-    """A :class:`TinyAttentionModel` sized for ``task`` (causal iff the task is), initialised from ``seed``."""
+    """A :class:`TinyAttentionModel` sized for ``task`` (causal iff the task is; the task's ``fields``,
+    if it has them), initialised from ``seed``."""
     torch.manual_seed(seed)
+    kw.setdefault("fields", getattr(task, "fields", None))
     return TinyAttentionModel(task.vocab_size, task.seq_len, task.num_classes, causal=task.causal, **kw)
 
 

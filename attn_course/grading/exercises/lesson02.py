@@ -184,9 +184,12 @@ def _flops_judge(got, want, case):
 
 EXERCISES = [
     Exercise("02_split_heads", 2, "Split into heads", "a function split_heads(x, num_heads) -> (B, H, L, d_h)",
-             _split_cases, _split_answer, _split_expected, _split_judge, forbidden=FORBID_COURSE, kind="build"),
+             _split_cases, _split_answer, _split_expected, _split_judge, forbidden=FORBID_COURSE, kind="predict"),
+    # one view + transpose (a layout: which feature lands in which head), not a build; 02_mha_forward is
+    # the lesson's build
     Exercise("02_merge_heads", 1, "Merge the heads", "a function merge_heads(y) -> (B, L, H·d_h)",
-             _merge_cases, _merge_answer, _merge_expected, _merge_judge, forbidden=FORBID_COURSE, kind="build"),
+             _merge_cases, _merge_answer, _merge_expected, _merge_judge, forbidden=FORBID_COURSE, kind="predict"),
+    # a one-line merge (review 01-07, course-wide 4: "build" labels inflated): the layout, not a build
     Exercise("02_mha_forward", 3, "Multi-head self-attention from its weights",
              "a function mha_forward(x, W_q, W_k, W_v, W_o, num_heads, causal) -> (B, L, d_model)",
              _mha_cases, _mha_answer, _mha_expected, _mha_judge, forbidden=FORBID_SDPA + FORBID_COURSE, kind="build"),

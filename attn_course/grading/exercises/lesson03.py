@@ -260,7 +260,9 @@ def _decode_judge(got, want, case):
 
 EXERCISES = [
     Exercise("03_expand_kv", 2, "Expand kv heads to query heads", "a function expand_kv(k, num_heads) -> (B, H, L, d)",
-             _expand_cases, _expand_answer, _expand_expected, _expand_judge, forbidden=FORBID_COURSE, kind="build"),
+             _expand_cases, _expand_answer, _expand_expected, _expand_judge, forbidden=FORBID_COURSE, kind="predict"),
+    # one repeat_interleave (which kv head each query head reads), not a build; 03_gqa_attention and
+    # 03_decode_step are the lesson's builds
     Exercise("03_gqa_attention", 3, "Grouped-query attention by hand",
              "a function gqa_attention(q, k, v, causal) -> (B, H, L, d)",
              _gqa_cases, _gqa_answer, _gqa_expected, _gqa_judge, forbidden=FORBID_SDPA + FORBID_COURSE,
