@@ -8,8 +8,9 @@ While decoding, every layer keeps, for every past token, what later queries need
     tpa  the factors A_k, B_k, A_v, B_v    (R_k + R_v) · (H + d_h)
     mla  the latent c_KV and shared k_rope d_c + d_R
     dsa  MLA plus DeepSeek-V3.2's indexer key  d_c + d_R + d_I
-    delta a linear-attention layer (Gated DeltaNet, Kimi's KDA): NO per-token cache — a fixed state of
-         H · d_k · d_v elements (plus its short convolution's last K−1 inputs), whatever the length
+    delta  no per-token cache: a fixed state of H · d_k · d_v (+ the convolution's last K−1 inputs)
+
+(``delta``: a linear-attention layer — Gated DeltaNet, Kimi's KDA — whose state does not grow with the length.)
 
 ``window=W`` (sliding-window layers) caches only the last ``min(seq_len, W)`` tokens.
 

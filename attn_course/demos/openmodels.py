@@ -88,7 +88,7 @@ def attention_stats(model: OpenLM, data: TextData, *, seq_len: int = 64, batch_s
                     ) -> dict[str, float]:
     """On validation windows: ``loss`` (nats/char), ``first_token`` (mean attention weight on position 0 of the
     queries at positions ≥ 8, over layers and heads), ``sink`` (mean mass the sink logit absorbs; 0 without
-    sinks) and ``max_act`` (largest |activation| of the residual stream)."""
+    sinks) and ``max_act`` (the largest absolute activation of the residual stream)."""
     model.eval()
     gen = torch.Generator().manual_seed(seed)
     x, y = data.sample(gen, "val", seq_len=seq_len, batch_size=batch_size)
@@ -133,7 +133,7 @@ def common_noise_mass(L: int = 64, *, signal: float = 3.0, noise: float = 1.0, l
                       ) -> tuple[float, float]:
     """Attention weight on the target key (index 0) for one query whose scores are ``noise`` (a pattern z shared
     by both maps, std ``noise``) plus ``signal`` on the target in map 1 only. Returns ``(single, differential)``:
-    softmax(z + signal·e₀)[0] and the target's share of |softmax₁ − λ·softmax₂| (positive part normalised)."""
+    softmax(z + signal·e₀)[0] and the target's share of the positive part of softmax₁ − λ·softmax₂ (normalised)."""
     g = torch.Generator().manual_seed(seed)
     z = torch.randn(L, generator=g, dtype=torch.float64) * noise
     s1 = z.clone()
