@@ -94,3 +94,54 @@ def test_course_module_agrees_with_the_parameter_count():
     from attn_course import CBAM
     for C, r, k in [(64, 16, 7), (32, 8, 3), (10, 4, 7)]:
         assert sum(p.numel() for p in CBAM(C, r, k).parameters()) == cbam_params(C, r, k)
+
+
+# ---- 06_cbam_forward: the reference equals attn_course.CBAM; each classic mistake is named ----------------
+def cbam_forward(x, W0, b0, W1, b1, conv_w, *, order="channel_first", pool="mean_max", gate="sigmoid",
+                 channel="shared", pool_dim=1):
+    mlp = lambda f: torch.relu(f @ W0.T + b0) @ W1.T + b1  # noqa: E731
+
+    def channel_gate(f):
+        z = mlp(f.mean(dim=(2, 3))) + (mlp(f.amax(dim=(2, 3))) if channel == "shared" else 0)
+        return (torch.softmax(z, 1) if gate == "softmax" else torch.sigmoid(z))[:, :, None, None]
+
+    def spatial_gate(f):
+        avg, mx = f.mean(pool_dim, keepdim=True), f.amax(pool_dim, keepdim=True)
+        d = {"mean_max": [avg, mx], "max_mean": [mx, avg], "sum_max": [f.sum(1, keepdim=True), mx],
+             "blog": [avg + mx, avg + mx]}[pool]
+        z = torch.nn.functional.conv2d(torch.cat(d, 1), conv_w, padding=conv_w.shape[-1] // 2)
+        return z.flatten(1).softmax(-1).view_as(z) if gate == "softmax" else torch.sigmoid(z)
+
+    if order == "channel_first":
+        M_c = channel_gate(x)
+        M_s = spatial_gate(x * M_c)
+        return x * M_c * M_s, M_c, M_s
+    if order == "spatial_first":
+        M_s = spatial_gate(x)
+        M_c = channel_gate(x * M_s)
+        return x * M_s * M_c, M_c, M_s
+    M_c, M_s = channel_gate(x), spatial_gate(x)
+    return x * M_c * M_s, M_c, M_s
+
+
+def test_cbam_forward_reference_passes_and_equals_the_module():
+    exercise_kit.assert_all_pass("06_cbam_forward", cbam_forward)
+    from attn_course import CBAM
+    torch.manual_seed(0)
+    m = CBAM(10, 2, 5)
+    x = torch.randn(2, 10, 4, 9)
+    y, (M_c, M_s) = m(x)
+    got = cbam_forward(x, m.channel.fc1.weight, m.channel.fc1.bias, m.channel.fc2.weight, m.channel.fc2.bias,
+                       m.spatial.conv.weight)
+    for a, b in zip(got, (y, M_c, M_s)):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("kw,fragment", [
+    ({"order": "spatial_first"}, "spatial gate came first"), ({"order": "parallel"}, "computed from F'"),
+    ({"pool": "max_mean"}, "max before mean"), ({"pool": "sum_max"}, "uses a SUM"), ({"pool": "blog"}, "blog's"),
+    ({"gate": "softmax"}, "a softmax where CBAM uses sigmoids"), ({"channel": "avg_only"}, "that is SE"),
+    ({"pool_dim": 2}, "pool over the CHANNELS"),
+])
+def test_cbam_forward_mistakes(kw, fragment):
+    assert_hint("06_cbam_forward", partial(cbam_forward, **kw), fragment)

@@ -185,3 +185,68 @@ def test_forbidden_apis_declared():
     assert "attn_course" in get("07_fix_seed_attention").forbidden
     assert "torch.nn.functional.scaled_dot_product_attention" in get("07_fix_seed_attention").forbidden
     assert "attn_course" in get("07_rope").forbidden
+
+
+# ---- 07_tpa_decode_step: the reference equals the module's cached forward; mistakes are named -------------
+def tpa_decode_step(x, cache, w, H, *, pos_shift=0, rotate="qk", scale=True, head_major=True, rerotate=False,
+                    sqrt_d=True, front=False):
+    B, S = cache["A_k"].shape[:2]
+    d = cache["B_k"].shape[-1]
+
+    def A(W):
+        a = x @ W.T
+        R = a.shape[-1] // H
+        return a.view(B, 1, H, R) if head_major else a.view(B, 1, R, H).transpose(-1, -2)
+
+    def Bf(W, rot):
+        b = x @ W.T
+        b = b.view(B, 1, b.shape[-1] // d, d)
+        return apply_rope(b.transpose(1, 2), torch.tensor([S + pos_shift])).transpose(1, 2) if rot else b
+
+    new = {"A_k": A(w["W_A_k"]), "B_k": Bf(w["W_B_k"], "k" in rotate), "A_v": A(w["W_A_v"]),
+           "B_v": Bf(w["W_B_v"], "v" in rotate)}
+    old = dict(cache)
+    if rerotate:
+        old["B_k"] = apply_rope(old["B_k"].transpose(1, 2), torch.arange(S)).transpose(1, 2)
+    c = {k: torch.cat([new[k], old[k]] if front else [old[k], new[k]], 1) for k in new}
+    comb = lambda a, b: torch.einsum("blhr,blrd->blhd", a, b) / (a.shape[-1] if scale else 1)  # noqa: E731
+    q = comb(A(w["W_A_q"]), Bf(w["W_B_q"], True))
+    K, V = comb(c["A_k"], c["B_k"]), comb(c["A_v"], c["B_v"])
+    p = (torch.einsum("bqhd,bshd->bhqs", q, K) / (math.sqrt(d) if sqrt_d else 1)).softmax(-1)
+    return torch.einsum("bhqs,bshd->bqhd", p, V).reshape(B, 1, -1) @ w["W_o"].T, c
+
+
+def test_decode_step_reference_passes_and_equals_the_full_causal_forward():
+    assert_all_pass("07_tpa_decode_step", tpa_decode_step)
+    torch.manual_seed(0)
+    m = TensorProductAttention(12, 3, 8, 4, 2, 3)
+    x = torch.randn(2, 6, 12)
+    full, _ = m(x, is_causal=True)
+    f = m.factors(x[:, :5])                                            # the cache of the first 5 tokens
+    cache = {k: f[k] for k in ("A_k", "B_k", "A_v", "B_v")}
+    w = {n: getattr(m, n).weight for n in ("W_A_q", "W_B_q", "W_A_k", "W_B_k", "W_A_v", "W_B_v")}
+    out, new = tpa_decode_step(x[:, 5:], cache, w | {"W_o": m.out_proj.weight}, 3)
+    torch.testing.assert_close(out, full[:, 5:], atol=1e-5, rtol=1e-4)
+    f6 = m.factors(x)
+    for k in cache:                                                   # what is cached: the factors, B_k rotated
+        torch.testing.assert_close(new[k], f6[k], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kw, hint", [
+    ({"pos_shift": -1}, "sits at position S"), ({"rotate": "q"}, "into the cache ROTATED"),
+    ({"rotate": "qkv"}, "values get no RoPE"), ({"scale": False}, "1/R scale is missing"),
+    ({"head_major": False}, "head-major"), ({"rerotate": True}, "never the cache again"),
+    ({"sqrt_d": False}, "divide q·k by √d_h"), ({"front": True}, "at the END of the cache"),
+])
+def test_decode_step_mistakes_hinted(kw, hint):
+    assert_hint("07_tpa_decode_step", lambda *a: tpa_decode_step(*a, **kw), hint)
+
+
+def test_decode_step_caching_full_keys_fails_on_what_is_cached():
+    def cache_full_k(x, cache, w, H):
+        out, c = tpa_decode_step(x, cache, w, H)
+        c["B_k"] = torch.einsum("blhr,blrd->blhd", c["A_k"], c["B_k"]) / c["A_k"].shape[-1]   # (B, S+1, H, d_h)
+        return out, c
+    res = results("07_tpa_decode_step", cache_full_k)
+    assert not any(ok for ok, _ in res), res                          # a shape error, or (H == R_k) named by value
+    assert all("B_k: expected shape" in m or "holds the per-head keys" in m for _, m in res), res

@@ -129,17 +129,21 @@ def cache_elements_per_token(attn: nn.Module, h: torch.Tensor) -> float:
 
 
 def train_and_measure(kind: str, *, steps: int = 150, n: int = 8, vocab: int = 10, d_model: int = 32,
-                      num_heads: int = 4, seed: int = 0, progress: bool = True, device=None):
+                      num_heads: int = 4, seed: int = 0, progress: bool = True, device=None,
+                      losses: list | None = None):
     """Train ``make_model(kind, ...)`` on ``reverse_batch(gen, 64, n, vocab)`` for ``steps`` steps; return
     ``(model, accuracy, cache elements/token)``. Pass ``**SHOW`` or ``**COMPARE`` for the lesson's sizes.
 
     Accuracy is the token accuracy on the reversed half of 512 fresh sequences (a different seed).
-    ``device`` (default CPU) is where the model trains and is evaluated; the model is returned on CPU."""
+    ``device`` (default CPU) is where the model trains and is evaluated; the model is returned on CPU.
+    ``losses``: a list that receives the per-step training losses (for ``viz.plot_loss_curves``)."""
     model = make_model(kind, n=n, vocab=vocab, d_model=d_model, num_heads=num_heads, seed=seed)
     if device is not None:
         model = model.to(device)
-    fit(model, lambda g: reverse_batch(g, n=n, vocab=vocab), steps=steps, lr=1e-2, seed=seed,
-        progress=progress, desc=kind)
+    curve = fit(model, lambda g: reverse_batch(g, n=n, vocab=vocab), steps=steps, lr=1e-2, seed=seed,
+                progress=progress, desc=kind)
+    if losses is not None:
+        losses.extend(curve)
     x, y = reverse_batch(torch.Generator().manual_seed(seed + 1000), batch=512, n=n, vocab=vocab)
     dev = next(model.parameters()).device
     x, y = x.to(dev), y.to(dev)

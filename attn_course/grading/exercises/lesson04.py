@@ -264,7 +264,7 @@ EXERCISES = [
              _cross_cases, _cross_answer, _cross_expected, _cross_judge, forbidden=FORBID_SDPA + FORBID_COURSE, kind="build"),
     Exercise("04_mha_key_padding", 2, "A key_padding_mask for nn.MultiheadAttention",
              "a function mha_key_padding(lengths, max_len) -> bool (B, max_len)",
-             _kpm_cases, _kpm_answer, _kpm_expected, _kpm_judge, forbidden=FORBID_COURSE, kind="build"),
+             _kpm_cases, _kpm_answer, _kpm_expected, _kpm_judge, forbidden=FORBID_COURSE, kind="compute"),   # one line
     Exercise("04_predict_shapes", 1, "Predict the cross-attention shapes",
              "a function cross_shapes(B, Lq, Lk, d_model, context_dim, num_heads) -> (out_shape, weights_shape)",
              _shape_cases, _shape_answer, _shape_expected, _shape_judge, kind="predict"),

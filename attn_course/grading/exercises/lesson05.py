@@ -230,5 +230,5 @@ EXERCISES = [
              _r1_cases, _r1_answer, _r1_expected, _r1_judge, kind="compute"),
     Exercise("05_video_frames", 2, "Temporal attention in video models: frames as the sequence",
              "a function frames_to_sequences(x) -> (B·N, F, C)",
-             _vf_cases, _vf_answer, _vf_expected, _vf_judge, kind="build"),
+             _vf_cases, _vf_answer, _vf_expected, _vf_judge, kind="compute"),   # one rearrange
 ]

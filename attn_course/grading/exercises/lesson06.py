@@ -140,6 +140,120 @@ def _apply_judge(got, want, case):
     return diagnose(got["y"], out, "wrong values: y[b, c] must be s[b, c] * x[b, c] for every position.")
 
 
+# ---- 06_cbam_forward: assemble CBAM from its weights, graded against attn_course.CBAM ---------------------
+
+def _cbam_cases(gen):
+    """Non-square maps with C != H, and one square C == H == W (a wrong-axis pooling keeps its shape there)."""
+    out = []
+    sizes = [(2, randint(gen, 6, 10), randint(gen, 5, 7), randint(gen, 8, 11), 2, 7),
+             (1, 2 * randint(gen, 5, 8), randint(gen, 3, 5), randint(gen, 6, 9), 4, choice(gen, (3, 5))),
+             (2, 6, 6, 6, 3, 7)]
+    for B, C, H, W, r, k in sizes:
+        h = max(1, C // r)
+        out.append(Case(f"x (B={B}, C={C}, H={H}, W={W}), hidden={h}, kernel {k}x{k}", {
+            "x": torch.randn(B, C, H, W, generator=gen),
+            "W0": torch.randn(h, C, generator=gen) / C ** 0.5, "b0": torch.randn(h, generator=gen) * 0.1,
+            "W1": torch.randn(C, h, generator=gen) / h ** 0.5, "b1": torch.randn(C, generator=gen) * 0.1,
+            "conv_w": torch.randn(1, 2, k, k, generator=gen) / k}, params={"reduction": r}))
+    return out
+
+
+def _cbam_answer(fn, case):
+    i = case.inputs
+    y, M_c, M_s = fn(i["x"], i["W0"], i["b0"], i["W1"], i["b1"], i["conv_w"])
+    return {"y": y, "M_c": M_c, "M_s": M_s}
+
+
+def _cbam_module(case):
+    """attn_course.CBAM in float64 with the case's weights: the reference the learner's forward must equal."""
+    from ...vision import CBAM
+    i = case.inputs
+    C, k = i["x"].shape[1], i["conv_w"].shape[-1]
+    m = CBAM(C, case.params["reduction"], k).to(_F64)
+    m.load_state_dict({"channel.fc1.weight": i["W0"], "channel.fc1.bias": i["b0"], "channel.fc2.weight": i["W1"],
+                       "channel.fc2.bias": i["b1"], "spatial.conv.weight": i["conv_w"]})
+    return m
+
+
+def _cbam_expected(case):
+    with torch.no_grad():
+        y, (M_c, M_s) = _cbam_module(case)(case.inputs["x"].to(_F64))
+    return {"y": y.float(), "M_c": M_c.float(), "M_s": M_s.float()}
+
+
+def _cbam_variant(case, *, order="channel_first", pool=("mean", "max"), gate="sigmoid", channel="shared"):
+    """CBAM's forward in float64 by the equations, with switches for the classic mistakes."""
+    i = {k: v.to(_F64) for k, v in case.inputs.items()}
+    x, k = i["x"], i["conv_w"].shape[-1]
+    mlp = lambda f: torch.relu(f @ i["W0"].T + i["b0"]) @ i["W1"].T + i["b1"]                # noqa: E731
+
+    def channel_gate(f):
+        a, m = mlp(f.mean(dim=(2, 3))), mlp(f.amax(dim=(2, 3)))
+        z = {"shared": a + m, "avg_only": a}[channel]
+        g = torch.softmax(z, dim=1) if gate == "softmax" else torch.sigmoid(z)
+        return g[:, :, None, None]
+
+    def spatial_gate(f):
+        maps = {"mean": f.mean(dim=1, keepdim=True), "max": f.amax(dim=1, keepdim=True),
+                "sum": f.sum(dim=1, keepdim=True)}
+        if pool == "blog":                                       # one summed map, fed to both conv inputs
+            d = maps["mean"] + maps["max"]
+            d = torch.cat([d, d], 1)
+        else:
+            d = torch.cat([maps[p] for p in pool], 1)
+        z = torch.nn.functional.conv2d(d, i["conv_w"], padding=k // 2)
+        if gate == "softmax":
+            return z.flatten(1).softmax(-1).view_as(z)
+        return torch.sigmoid(z)
+
+    if order == "channel_first":
+        M_c = channel_gate(x); x1 = x * M_c
+        M_s = spatial_gate(x1); y = x1 * M_s
+    elif order == "spatial_first":
+        M_s = spatial_gate(x); x1 = x * M_s
+        M_c = channel_gate(x1); y = x1 * M_c
+    else:                                                        # both gates from F, applied together
+        M_c, M_s = channel_gate(x), spatial_gate(x)
+        y = x * M_c * M_s
+    return {"y": y.float(), "M_c": M_c.float(), "M_s": M_s.float()}
+
+
+def _cbam_judge(got, want, case):
+    if all(close(got[key], want[key]) for key in want):
+        return Verdict(True)
+
+    def v(**kw):
+        try:
+            return _cbam_variant(case, **kw)
+        except RuntimeError:                                     # that mistake cannot run on this case's shapes
+            return None
+    return diagnose(got, [
+        ("the spatial gate came first: CBAM gates the channels FIRST (F' = M_c(F) ⊗ F) and computes M_s from "
+         "the channel-gated F' (F'' = M_s(F') ⊗ F').", v(order="spatial_first")),
+        ("both gates were computed from F and applied together: M_s must be computed from F' = M_c(F) ⊗ F, the "
+         "channel-gated map.", v(order="parallel")),
+        ("the spatial descriptor stacks max before mean: the paper (and attn_course.CBAM) stacks "
+         "[AvgPool; MaxPool] over the channels, mean first.", v(pool=("max", "mean"))),
+        ("the spatial descriptor uses a SUM over the channels where the paper takes the mean: "
+         "[mean_c; max_c].", v(pool=("sum", "max"))),
+        ("the spatial descriptor is the blog's MaxPool + AvgPool, one summed map: CBAM stacks the two maps as "
+         "TWO channels, [mean_c; max_c], and the conv weighs them separately.", v(pool="blog")),
+        ("a softmax where CBAM uses sigmoids: the gates are independent values in (0, 1) (they need not sum "
+         "to 1, over channels or positions).", v(gate="softmax")),
+        ("the channel gate uses only the average-pooled descriptor (that is SE): the max-pooled one goes "
+         "through the SAME, shared MLP and the two outputs are added before the sigmoid.", v(channel="avg_only")),
+    ], "wrong values: y = M_s(F') ⊗ F' with F' = M_c(F) ⊗ F, M_c = σ(MLP(avg_hw F) + MLP(max_hw F)), "
+       "M_s = σ(conv_k×k([mean_c F'; max_c F'])) with padding k // 2.")
+
+
+def _cbam_error_hint(case, error):
+    """A conv that received other than 2 input channels: the descriptor was pooled over the wrong axis."""
+    if "to have 2 channels" in error:
+        return ("the spatial gate's conv reads 2 maps, [mean_c; max_c]: pool over the CHANNELS (dim=1, "
+                "keepdim=True) and concatenate along dim 1.")
+    return None
+
+
 # ---- 06_cbam_params: a number to compute ------------------------------------------------------------------
 
 def _params_cases(gen):
@@ -187,14 +301,18 @@ def _params_judge(got, want, case):
 EXERCISES = [
     Exercise("06_spatial_pool", 2, "The spatial gate's descriptor",
              "a function spatial_pool(x: (B, C, H, W)) -> (B, 2, H, W), [mean over C; max over C]",
-             _pool_cases, _pool_answer, _pool_expected, _pool_judge, forbidden=FORBID_COURSE, kind="build"),
+             _pool_cases, _pool_answer, _pool_expected, _pool_judge, forbidden=FORBID_COURSE, kind="compute"),
     Exercise("06_channel_gate", 3, "CBAM's channel gate from its weights",
              "a function channel_gate(x, W0, b0, W1, b1) -> M_c (B, C, 1, 1)",
              _gate_cases, _gate_answer, _gate_expected, _gate_judge, forbidden=FORBID_COURSE, kind="build"),
     Exercise("06_apply_gate", 1, "Broadcast a channel gate",
              "a function apply_gate(x: (B, C, H, W), s: (B, C)) -> (B, C, H, W)",
-             _apply_cases, _apply_answer, _apply_expected, _apply_judge, forbidden=FORBID_COURSE, kind="build"),
+             _apply_cases, _apply_answer, _apply_expected, _apply_judge, forbidden=FORBID_COURSE, kind="compute"),
     Exercise("06_cbam_params", 2, "Count CBAM's parameters",
              "a function cbam_params(channels, reduction, kernel_size) -> int",
              _params_cases, _params_answer, _params_expected, _params_judge, forbidden=FORBID_COURSE, kind="compute"),
+    Exercise("06_cbam_forward", 4, "Assemble CBAM from its weights",
+             "a function cbam_forward(x, W0, b0, W1, b1, conv_w) -> (y (B, C, H, W), M_c (B, C, 1, 1), M_s (B, 1, H, W))",
+             _cbam_cases, _cbam_answer, _cbam_expected, _cbam_judge, forbidden=FORBID_COURSE,
+             error_hint_fn=_cbam_error_hint, kind="build"),
 ]

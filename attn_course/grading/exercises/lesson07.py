@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from ..spec import Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, close, first_match, randint, choice, draw, distinct
+from ..spec import Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, close, first_match, matches, randint, choice, draw, distinct
 
 __all__ = ["EXERCISES"]
 
@@ -329,6 +329,120 @@ def _fix_judge(got, want, case):
     return Verdict(False, hint or f"wrong values (largest difference {_max_diff(got['out'], want['out'])}).")
 
 
+# ---- 07_tpa_decode_step: one new token, the factor cache, graded against attn_course.TensorProductAttention -----
+
+_CACHE = ("A_k", "B_k", "A_v", "B_v")
+_WEIGHTS = ("W_A_q", "W_B_q", "W_A_k", "W_B_k", "W_A_v", "W_B_v", "W_o")
+
+
+def _step_sizes(case):
+    i, H = case.inputs, case.params["H"]
+    B, S, _, Rk = i["A_k"].shape
+    return B, S, H, i["W_A_q"].shape[0] // H, Rk, i["A_v"].shape[-1], i["B_k"].shape[-1], i["x"].shape[-1]
+
+
+def _step_cases(gen):
+    cases = []
+    for _ in range(3):
+        B, S, H, d, D = randint(gen, 1, 2), randint(gen, 3, 9), randint(gen, 2, 4), choice(gen, (4, 6, 8)), randint(gen, 8, 16)
+        Rq, Rk, Rv = randint(gen, 2, 6), randint(gen, 2, 3), randint(gen, 2, 3)      # ranks > 1: the views differ
+        lin = lambda o, i_: torch.randn(o, i_, generator=gen) / math.sqrt(i_)      # noqa: E731  nn.Linear: (out, in)
+        t = {"x": torch.randn(B, 1, D, generator=gen),
+             "A_k": torch.randn(B, S, H, Rk, generator=gen), "B_k": torch.randn(B, S, Rk, d, generator=gen),
+             "A_v": torch.randn(B, S, H, Rv, generator=gen), "B_v": torch.randn(B, S, Rv, d, generator=gen),
+             "W_A_q": lin(H * Rq, D), "W_B_q": lin(Rq * d, D), "W_A_k": lin(H * Rk, D), "W_B_k": lin(Rk * d, D),
+             "W_A_v": lin(H * Rv, D), "W_B_v": lin(Rv * d, D), "W_o": lin(D, H * d)}
+        cases.append(Case(f"B={B}, S={S} cached tokens, H={H}, ranks ({Rq}, {Rk}, {Rv}), d_h={d}, d_model={D}",
+                          t, {"H": H}))
+    return cases
+
+
+def _step_answer(fn, case):
+    i = case.inputs
+    out, new = fn(i["x"], {k: i[k] for k in _CACHE}, {k: i[k] for k in _WEIGHTS}, case.params["H"])
+    new = [new[k] for k in _CACHE] if isinstance(new, dict) else list(new)
+    return {"out": out, **dict(zip(_CACHE, new))}
+
+
+def _step_expected(case):
+    """attn_course.TensorProductAttention (float64, the case's weights) over a TPACache holding the case's factors."""
+    from ...tpa import TensorProductAttention, TPACache
+    i = {k: v.to(_F64) for k, v in case.inputs.items()}
+    B, S, H, Rq, Rk, Rv, d, D = _step_sizes(case)
+    m = TensorProductAttention(D, H, d, Rq, Rk, Rv).to(_F64)
+    m.load_state_dict({f"{k}.weight": i[k] for k in _WEIGHTS[:-1]} | {"out_proj.weight": i["W_o"]})
+    cache = TPACache()
+    cache.update(*(i[k] for k in _CACHE))
+    with torch.no_grad():
+        out, _ = m(i["x"], cache=cache)
+    return {"out": out.float(), **{k: getattr(cache, k).float() for k in _CACHE}}
+
+
+def _step(case, *, scale="R", head_major=True, pos="S", rotate=("q", "k"), rerotate_cache=False, sqrt_d=True,
+          append="end"):
+    """The decode step in float64 from the paper's equations, with switches for the common mistakes."""
+    i = {k: v.to(_F64) for k, v in case.inputs.items()}
+    B, S, H, Rq, Rk, Rv, d, D = _step_sizes(case)
+    p = torch.tensor([{"S": S, "S-1": S - 1, "0": 0}[pos]])
+    x = i["x"]
+
+    def A(w, R):                                                     # (B, 1, H, R), or the rank-major mistake
+        a = x @ w.T
+        return a.view(B, 1, H, R) if head_major else a.view(B, 1, R, H).transpose(-1, -2)
+
+    def Bf(w, R, rot):                                               # (B, 1, R, d), rotated at position p
+        b = (x @ w.T).view(B, 1, R, d)
+        return _rope(b.transpose(1, 2), p).transpose(1, 2) if rot else b
+    A_q, B_q = A(i["W_A_q"], Rq), Bf(i["W_B_q"], Rq, "q" in rotate)
+    new = {"A_k": A(i["W_A_k"], Rk), "B_k": Bf(i["W_B_k"], Rk, "k" in rotate),
+           "A_v": A(i["W_A_v"], Rv), "B_v": Bf(i["W_B_v"], Rv, "v" in rotate)}
+    old = {k: i[k] for k in _CACHE}
+    if rerotate_cache:                                               # the cached B_k rotated a second time
+        old["B_k"] = _rope(old["B_k"].transpose(1, 2), torch.arange(S)).transpose(1, 2)
+    cache = {k: torch.cat((old[k], new[k]) if append == "end" else (new[k], old[k]), dim=1) for k in _CACHE}
+    q = _combine(A_q, B_q, scale=scale)                              # (B, 1, H, d): Eq. (3.1) with 1/R_q
+    k = _combine(cache["A_k"], cache["B_k"], scale=scale)            # (B, S+1, H, d)
+    v = _combine(cache["A_v"], cache["B_v"], scale=scale)
+    w = (torch.einsum("bqhd,bshd->bhqs", q, k) / (math.sqrt(d) if sqrt_d else 1.0)).softmax(-1)
+    o = torch.einsum("bhqs,bshd->bqhd", w, v).reshape(B, 1, H * d) @ i["W_o"].T       # (B, 1, d_model)
+    return {"out": o.float(), **{kk: c.float() for kk, c in cache.items()}}
+
+
+def _step_judge(got, want, case):
+    if all(close(got[k], want[k], atol=1e-4, rtol=1e-3) for k in want):
+        return Verdict(True)
+    S = _step_sizes(case)[1]
+    K, V = (_combine(want[f"A_{n}"], want[f"B_{n}"]) for n in "kv")            # the per-head keys and values
+    if matches(got["B_k"], K) or matches(got["B_v"], V):
+        return Verdict(False, "your cache holds the per-head keys or values (B, S + 1, H, d_h): a TPA cache keeps "
+                              "the FACTORS A_k, B_k, A_v, B_v, and combines them only to attend.")
+    candidates = [
+        (f"the new token sits at position S = {S} (the S cached tokens hold positions 0 … S − 1): rotate its B_q "
+         "and B_k there.", _step(case, pos="S-1")),
+        ("the new token's B_q and B_k are not rotated (or rotated at position 0): RoPE at position S, the number "
+         "of cached tokens.", _step(case, pos="0")),
+        ("the cached B_k is already rotated at its own position: rotate only the new token's factors, never the "
+         "cache again.", _step(case, rerotate_cache=True)),
+        ("the new B_k goes into the cache ROTATED (keys keep their position); only B_q and B_k get RoPE.",
+         _step(case, rotate=("q",))),
+        ("values get no RoPE: rotate B_q and B_k only.", _step(case, rotate=("q", "k", "v"))),
+        ("combine the factors with (1/R) Σ_r a_r ⊗ b_r: the 1/R scale is missing.", _step(case, scale="none")),
+        ("the A factors are head-major: view W_A x as (B, 1, H, R), not (B, 1, R, H).", _step(case, head_major=False)),
+        ("the scores are not scaled: divide q·k by √d_h.", _step(case, sqrt_d=False)),
+        ("append the new token's factors at the END of the cache (it is the latest token), along the sequence "
+         "axis 1.", _step(case, append="front")),
+    ]
+    hint = first_match(got, candidates)
+    if hint:
+        return Verdict(False, hint)
+    if all(close(got[k], want[k], atol=1e-4, rtol=1e-3) for k in _CACHE):
+        return Verdict(False, f"the new cache is right but the output is not (largest difference "
+                              f"{_max_diff(got['out'], want['out'])}): combine q, K, V with 1/R, softmax(q·Kᵀ/√d_h), "
+                              "heads side by side, then W_o.")
+    return Verdict(False, f"wrong values (largest difference in out {_max_diff(got['out'], want['out'])}): append "
+                          "the new token's factors (B_k rotated at position S), then attend over all S + 1 tokens.")
+
+
 EXERCISES = [
     Exercise("07_tpa_combine", 2, "Combine the factors into Q",
              "a function combine(a, b, num_heads, rank) -> (B, L, H, d_h)",
@@ -345,4 +459,9 @@ EXERCISES = [
     Exercise("07_fix_seed_attention", 3, "Fix the blog post's TPA attention",
              "a function fixed_attention(Q, K, V) -> (B, L, H, d_h), causal",
              _fix_cases, _fix_answer, _fix_expected, _fix_judge, forbidden=FORBID_SDPA + FORBID_COURSE, kind="debug"),
+    Exercise("07_tpa_decode_step", 4, "One TPA decode step from the factor cache",
+             "a function tpa_decode_step(x, cache, w, num_heads) -> (out (B, 1, d_model), new_cache: "
+             "dict A_k, B_k, A_v, B_v with S + 1 tokens)",
+             _step_cases, _step_answer, _step_expected, _step_judge, forbidden=FORBID_SDPA + FORBID_COURSE,
+             kind="build"),
 ]
