@@ -5,7 +5,7 @@ parallelises over (batch, head, query block); with one query there is one query 
 so a batch of a few sequences launches a few dozen programs — far fewer than a GPU's 100+ SMs, and each
 of them walks the whole cache alone. Flash-decoding (Dao, Haziza, Massa, Sizov 2023) also splits the
 **keys** into ``S`` chunks, computes a partial attention for every (batch, head, split) in parallel, and
-merges the partials with the same log-sum-exp rule that lesson 08's online softmax uses:
+merges the partials with the same log-sum-exp rule that lesson 08's online softmax uses::
 
     for split s (keys K_s, values V_s):
         m_s   = rowmax(q K_sᵀ · scale)
