@@ -1,6 +1,5 @@
 """Exercise set 09: the reference solutions (and alternatives in another style) pass every case for
 several seeds; each common mistake fails with the hint that names it."""
-import functools
 import math
 from functools import partial
 
@@ -269,7 +268,7 @@ def window_dense(q, k, v, window, block):
 def test_window_tiles():
     assert_all_pass("09_window_tiles", make_window())
     for kw in (dict(), dict(aligned=True, pad=True), dict(broadcast=True), dict(aligned=True, broadcast=True)):
-        assert_all_pass("09_window_tiles", functools.partial(window_online, **kw))
+        assert_all_pass("09_window_tiles", partial(window_online, **kw))
     exercise_kit.assert_hint("09_window_tiles", make_window(le=True), "W + 1 keys")
     exercise_kit.assert_hint("09_window_tiles", make_window(diag_mask=False), "diagonal tiles need the causal mask")
     exercise_kit.assert_hint("09_window_tiles", make_window(edge_mask=False), "window mask is missing")
@@ -295,7 +294,7 @@ def test_window_tiles_shortcuts_of_the_review_every_case():
     sees it), and one exact softmax per query block over its whole key strip (not the online softmax: more
     scores at once than one tile): 0 points on every case."""
     from exercise_kit import results
-    for fn, fragment in [(functools.partial(window_online, broadcast=True, tiles="causal"), "you visited about"),
+    for fn, fragment in [(partial(window_online, broadcast=True, tiles="causal"), "you visited about"),
                          (window_strip, "not the online softmax")]:
         for seed in (0, 1, 2):
             res = results("09_window_tiles", fn, seed)

@@ -317,6 +317,8 @@ class RuntimeGuard:
         self._ran_dynamo = False
         if not self.forbidden:
             return self
+        if any(name == "torch" or name.startswith("torch.") for _, name in self._dirs):
+            _import_dispatch_modes()      # not inside the guard: that import runs code of torch.autograd
         self._old_profile = sys.getprofile()
         sys.setprofile(self._profile)
         if self._codes or self._builtins:
@@ -340,6 +342,15 @@ class RuntimeGuard:
 
 
 _DYNAMO_DIR = os.sep + os.path.join("torch", "_dynamo") + os.sep
+
+
+@lru_cache(maxsize=None)
+def _import_dispatch_modes() -> None:
+    """Enter a dispatch mode once, outside any guard: the first one in a process imports ``torch._dynamo``,
+    whose import runs code in ``torch.autograd`` — which a guard forbidding that module would charge to the
+    learner when an exercise counts work (:class:`Work`) inside it."""
+    with Work():
+        torch.zeros(1) + 1                # the first op dispatched to a Python mode does the import
 
 
 # ---- which source is judged ------------------------------------------------------------------------------
