@@ -4,7 +4,10 @@ A timing cell answers "how much faster is A than B *here*?". Three habits make t
 
 * **one run, interleaved** — every round calls each method once (in a rotated order), so a change in the
   machine's load during the cell slows all methods alike instead of one;
-* **fixed threads** — ``threads`` (default 1) for the whole measurement, restored afterwards;
+* **fixed threads** — ``threads`` (default 1) for the whole measurement, restored afterwards. One thread is the
+  default because the course's loop-of-small-ops methods (``flash_attention``'s tiles) collapse when their
+  threads share busy cores: each small op splits its work across the threads and waits for the slowest, so on a
+  loaded 2-core machine two threads can take many times longer than one (lesson 08 §9 measures it);
 * **medians and spread** — the median of ``repeats`` rounds, and the range of the per-round ratios, so a
   sentence like "A took 0.3× B's time" is printed from the measurement and says how much it varied.
 
@@ -16,6 +19,7 @@ On CUDA every call is followed by ``torch.cuda.synchronize()`` (kernels run asyn
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -113,5 +117,18 @@ def describe(timings: dict[str, Timing], a: str, b: str) -> str:
         verdict = f"{a} was slower than {b} in every round"
     else:
         verdict = f"neither was faster in every round"
-    return (f"{a} took {r:.2f}× {b}'s time (median of {len(per_round)} interleaved rounds; "
-            f"per-round ratios {lo:.2f}–{hi:.2f}): {verdict}")
+    fmt = _sig if hi > 3 * lo else _two_decimals               # a wide spread: only two figures mean anything
+    return (f"{a} took {fmt(r)}× {b}'s time (median of {len(per_round)} interleaved rounds; "
+            f"per-round ratios {fmt(lo)}–{fmt(hi)}): {verdict}")
+
+
+def _two_decimals(x: float) -> str:
+    return f"{x:.2f}" if x < 10 else _sig(x, 3)
+
+
+def _sig(x: float, digits: int = 2) -> str:
+    """``x`` to ``digits`` significant figures, without an exponent: 69.97 → "70", 120.08 → "120", 6.94 → "6.9"."""
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    decimals = digits - 1 - math.floor(math.log10(abs(x)))
+    return f"{round(x, decimals):.{max(decimals, 0)}f}"

@@ -587,6 +587,13 @@ import importlib as _importlib  # noqa: E402
 import pkgutil as _pkgutil  # noqa: E402
 from pathlib import Path as _Path  # noqa: E402
 
+ALSO_CORRECT = {}
+"""More correct cells for some exercises — the alternatives a review tried (unaligned tiles, padding, an
+``expand`` view, overlap-style ring code): ``{exercise_id: [cell, ...]}``, each must get full marks."""
+
 for _info in sorted(_pkgutil.iter_modules([str(_Path(__file__).parent)]), key=lambda m: m.name):
     if _info.name.startswith("learner_cells_"):
-        CELLS.update(_importlib.import_module(_info.name).CELLS)
+        _module = _importlib.import_module(_info.name)
+        CELLS.update(_module.CELLS)
+        for _id, _cells in getattr(_module, "ALSO_CORRECT", {}).items():
+            ALSO_CORRECT.setdefault(_id, []).extend(_cells)

@@ -219,19 +219,28 @@ def _tiles(**change):
 
 CELLS["09_window_tiles"] = ("window_attention", '''
 def window_attention(q, k, v, window, block):
-    """Per query block ONE strip of keys, exactly [q0 - W + 1, q1) -- not aligned to the tile grid, and no more
-    work than the band's tiles. No torch.softmax / logsumexp: exp and sum by hand, so no online rescale is needed
-    inside a strip. (F.scaled_dot_product_attention and flex_attention are not used.)"""
+    """Key tiles of `block` keys starting at q0 - W + 1 -- not aligned to the grid -- with the online softmax;
+    einsum for the products. No torch.softmax / logsumexp: exp and sums by hand. (F.scaled_dot_product_attention
+    and flex_attention are not used.)"""
     L, d = q.shape[-2:]
     out = torch.zeros_like(q)
     for q0 in range(0, L, block):
         q1 = min(L, q0 + block)
-        lo = max(0, q0 - window + 1)
-        scores = torch.einsum("bhid,bhjd->bhij", q[..., q0:q1, :], k[..., lo:q1, :]) * d ** -0.5
-        gap = torch.arange(q0, q1)[:, None] - torch.arange(lo, q1)[None, :]        # i - j
-        scores = torch.where((gap >= 0) & (gap < window), scores, torch.tensor(-math.inf, dtype=q.dtype))
-        weights = (scores - scores.amax(-1, keepdim=True)).exp()
-        out[..., q0:q1, :] = torch.einsum("bhij,bhjd->bhid", weights, v[..., lo:q1, :]) / weights.sum(-1, keepdim=True)
+        run_max = torch.full((*q.shape[:-2], q1 - q0, 1), -math.inf, dtype=q.dtype)
+        denom = torch.zeros_like(run_max)
+        total = torch.zeros(*q.shape[:-2], q1 - q0, v.shape[-1], dtype=q.dtype)
+        for lo in range(max(0, q0 - window + 1), q1, block):
+            hi = min(lo + block, q1)
+            scores = torch.einsum("bhid,bhjd->bhij", q[..., q0:q1, :], k[..., lo:hi, :]) * d ** -0.5
+            gap = torch.arange(q0, q1)[:, None] - torch.arange(lo, hi)[None, :]        # i - j
+            scores = torch.where((gap >= 0) & (gap < window), scores, torch.tensor(-math.inf, dtype=q.dtype))
+            new_max = torch.maximum(run_max, scores.amax(-1, keepdim=True))
+            shift = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
+            weights, keep = (scores - shift).exp(), (run_max - shift).exp()
+            denom = keep * denom + weights.sum(-1, keepdim=True)
+            total = keep * total + torch.einsum("bhij,bhjd->bhid", weights, v[..., lo:hi, :])
+            run_max = new_max
+        out[..., q0:q1, :] = total / denom
     return out
 ''', [
     (_tiles(hide="(j > i) | (i - j > window)", first="max(0, q0 - window) // block * block"), "W + 1 keys"),
@@ -242,6 +251,25 @@ def window_attention(q, k, v, window, block):
     (_tiles(m_sub="m_new"), "NaN"),
     (_tiles(first="0", last="L"), "you visited about"),               # every tile, masked: right values
     (_tiles(first="0"), "the band has"),                              # every tile up to the diagonal
+    # review 08-14 M9-1 (alt09.py): every causal tile, the products written as broadcast-multiply-and-sum
+    (_tiles(first="0").replace("s = qi @ k[..., k0:k1, :].transpose(-2, -1)",
+                               "s = (qi[..., :, None, :] * k[..., None, k0:k1, :]).sum(-1)")
+                      .replace("p @ v[..., k0:k1, :]", "(p[..., :, :, None] * v[..., None, k0:k1, :]).sum(-2)"),
+     "you visited about"),
+    # review 08-14 M9-1 (alt09.py): no online softmax -- one exact softmax per query block over its key range
+    ('''
+def window_attention(q, k, v, window, block):
+    L, d = q.shape[-2:]
+    out = torch.empty_like(q)
+    for q0 in range(0, L, block):
+        q1 = min(q0 + block, L); k0 = max(0, q0 - window + 1)
+        s = q[..., q0:q1, :] @ k[..., k0:q1, :].transpose(-2, -1) / math.sqrt(d)
+        i = torch.arange(q0, q1)[:, None]; j = torch.arange(k0, q1)[None, :]
+        s = s.masked_fill((j > i) | (i - j >= window), -math.inf)
+        e = torch.exp(s - s.amax(-1, keepdim=True))
+        out[..., q0:q1, :] = (e / e.sum(-1, keepdim=True)) @ v[..., k0:q1, :]
+    return out
+''', "not the online softmax"),
     ('''
 def window_attention(q, k, v, window, block):
     L = q.shape[-2]
@@ -370,3 +398,36 @@ def decode_step(k_cache, v_cache, q, k, v, t):
     return out[:, :, 0], k_cache, v_cache
 ''', "FORBIDDEN"),
 ])
+
+
+# ---- correct variants the review tried (08-14, alt09.py): each must get full marks ------------------------
+
+ALSO_CORRECT = {"09_window_tiles": [
+    # the grid's tiles on inputs zero-padded to a multiple of block (the way GPU kernels pad)
+    '''
+def window_attention(q, k, v, window, block):
+    B, H, L, d = q.shape
+    Lp = -(-L // block) * block
+    pad = lambda t: torch.cat([t, t.new_zeros(B, H, Lp - L, t.shape[-1])], -2)
+    qp, kp, vp = pad(q), pad(k), pad(v)
+    out = torch.empty_like(qp)
+    for q0 in range(0, Lp, block):
+        q1 = q0 + block
+        qi = qp[..., q0:q1, :] / math.sqrt(d)
+        m = torch.full((B, H, block, 1), -math.inf, dtype=q.dtype); l = torch.zeros_like(m); acc = torch.zeros_like(qi)
+        for k0 in range(max(0, q0 - window + 1) // block * block, q1, block):
+            k1 = k0 + block
+            s = qi @ kp[..., k0:k1, :].transpose(-2, -1)
+            i = torch.arange(q0, q1)[:, None]; j = torch.arange(k0, k1)[None, :]
+            s = s.masked_fill((j > i) | (i - j >= window), -math.inf)
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True)); ms = torch.where(m_new == -math.inf, 0.0, m_new)
+            p = torch.exp(s - ms); a = torch.exp(m - ms)
+            l = a * l + p.sum(-1, keepdim=True); acc = a * acc + p @ vp[..., k0:k1, :]; m = m_new
+        out[..., q0:q1, :] = acc / l
+    return out[..., :L, :]
+''',
+    # the band's tiles with the products written as broadcast-multiply-and-sum: counted like matmuls
+    _tiles().replace("s = qi @ k[..., k0:k1, :].transpose(-2, -1)",
+                     "s = (qi[..., :, None, :] * k[..., None, k0:k1, :]).sum(-1)")
+            .replace("p @ v[..., k0:k1, :]", "(p[..., :, :, None] * v[..., None, k0:k1, :]).sum(-2)"),
+]}

@@ -252,6 +252,37 @@ def chunked_linear_attention(phi_q, phi_k, v, chunk):
     (_scan(intra="torch.tril(Q @ K.transpose(-2, -1), diagonal=-1)"), "diagonal is excluded"),
     (_scan(before="S, z = S + K.transpose(-2, -1) @ V, z + K.sum(-2)", after=""), "updated BEFORE"),
     (_scan(after="S, z = K.transpose(-2, -1) @ V, K.sum(-2)"), "accumulate every earlier chunk"),
+    # review 08-14 H-E1 (alt10.py): no carried state, O(L²) work, no tensor as large as L x L
+    ('''
+def chunked_linear_attention(phi_q, phi_k, v, chunk):
+    L = phi_q.shape[-2]
+    out = torch.empty_like(v)
+    for c0 in range(0, L, chunk):                       # each query chunk against ALL earlier keys
+        c1 = min(c0 + chunk, L)
+        A = phi_q[..., c0:c1, :] @ phi_k[..., :c1, :].transpose(-2, -1)          # (B, H, C, c1)
+        i = torch.arange(c0, c1)[:, None]; j = torch.arange(c1)[None, :]
+        A = A * (j <= i)
+        out[..., c0:c1, :] = (A @ v[..., :c1, :]) / (A.sum(-1, keepdim=True) + 1e-6)
+    return out
+''', "compare it with its own chunk only"),
+    ('''
+def chunked_linear_attention(phi_q, phi_k, v, chunk):
+    L = phi_q.shape[-2]
+    outs = []
+    for i in range(L):                                  # one query at a time against its prefix
+        a = (phi_q[..., i:i+1, :] @ phi_k[..., :i+1, :].transpose(-2, -1))     # (B, H, 1, i+1)
+        outs.append((a @ v[..., :i+1, :]) / (a.sum(-1, keepdim=True) + 1e-6))
+    return torch.cat(outs, -2)
+''', "compare it with its own chunk only"),
+    ('''
+def chunked_linear_attention(phi_q, phi_k, v, chunk):
+    L = phi_q.shape[-2]
+    outs = []
+    for i in range(L):                                  # the same, as broadcast-multiply-and-sum
+        a = (phi_q[..., i:i+1, None, :] * phi_k[..., None, :i+1, :]).sum(-1)    # (B, H, 1, i+1)
+        outs.append((a[..., None] * v[..., None, :i+1, :]).sum(-2) / (a.sum(-1, keepdim=True) + 1e-6))
+    return torch.cat(outs, -2)
+''', "compare it with its own chunk only"),
     ('''
 def chunked_linear_attention(phi_q, phi_k, v, chunk):
     A = torch.tril(phi_q @ phi_k.transpose(-2, -1))               # the quadratic form: L x L
@@ -280,3 +311,9 @@ def chunked_linear_attention(phi_q, phi_k, v, chunk):
     return linear_attention(phi_q, phi_k, v, is_causal=True, chunk_size=chunk, feature_map=lambda x: x)
 ''', "FORBIDDEN"),
 ])
+
+
+ALSO_CORRECT = {"10_chunked_scan": [
+    _scan(),                                            # the loop form, one running (S, z) carried across chunks
+    _scan(intra="torch.tril(torch.einsum('bhie,bhje->bhij', Q, K))"),
+]}

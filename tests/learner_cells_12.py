@@ -197,10 +197,15 @@ _EXPANDED = _edit(_ABS, '''    s = torch.einsum("bhc,bsc->bhs", q_lat, c_kv)''',
                   '''    c_heads = c_kv[:, None].expand(B, H, S, dc)                         # a per-head view of the latent
     s = torch.einsum("bhc,bhsc->bhs", q_lat, c_heads)''')
 
+# a per-head COPY of the latent (review 08-14 L12-1: the view above allocates nothing and is accepted; a copy is not)
+_REPEATED = _edit(_ABS, '''    s = torch.einsum("bhc,bsc->bhs", q_lat, c_kv)''',
+                  '''    c_heads = c_kv[:, None].repeat(1, H, 1, 1)                           # a per-head copy of the latent
+    s = torch.einsum("bhc,bhsc->bhs", q_lat, c_heads)''')
+
 CELLS["12_absorbed_decode"] = ("absorbed_decode", _DECODE, [
     (_NAIVE, "B·H·S·min(d_nope, d_v)"),
     (_VALUES_FIRST, "W_UV was applied to the cache before the weighted sum"),
-    (_EXPANDED, "a per-head copy of the latent"),
+    (_REPEATED, "a per-head COPY of the latent"),
     (_edit(_ABS, "math.sqrt(dn + dr)", "math.sqrt(dn)"), "not 1/sqrt(d_nope)"),
     (_edit(_ABS, "math.sqrt(dn + dr)", "math.sqrt(q_lat.shape[-1] + q_pos.shape[-1])"), "does not change the scale"),
     (_edit(_ABS, "math.sqrt(dn + dr)", "1.0"), "the scores are not scaled"),
@@ -221,3 +226,38 @@ CELLS["12_absorbed_decode"] = ("absorbed_decode", _DECODE, [
            "q_pos = __import__('attn_course.rope').rope.apply_rope(q_rope[:, :, None], torch.tensor([S - 1]))[:, :, 0]"),
      "FORBIDDEN"),
 ])
+
+
+ALSO_CORRECT = {"12_absorbed_decode": [
+    _EXPANDED,                                          # a per-head expand VIEW of the latent (no copy)
+    # review 08-14 L12-1 (alt12.py): MQA-style SDPA on [c_kv ; k_rope] expanded (a view) to the H heads
+    "\nimport torch.nn.functional as F\n" + _GIVEN + '''
+
+def absorbed_decode(q_nope, q_rope, c_kv, k_rope, kv_b_weight):
+    B, H, d_nope = q_nope.shape
+    S, d_R = k_rope.shape[1:]
+    W = kv_b_weight.view(H, -1, kv_b_weight.shape[-1])
+    W_UK, W_UV = W[:, :d_nope], W[:, d_nope:]
+    q = torch.cat([torch.einsum("bhd,hdc->bhc", q_nope, W_UK), rope_half(q_rope, S - 1)], -1)[:, :, None]   # (B,H,1,D)
+    kk = torch.cat([c_kv, k_rope], -1)[:, None]                                                            # (B,1,S,D)
+    vv = c_kv[:, None]
+    o = F.scaled_dot_product_attention(q, kk.expand(B, H, S, kk.shape[-1]), vv.expand(B, H, S, vv.shape[-1]),
+                                       scale=1 / math.sqrt(d_nope + d_R))[:, :, 0]                        # (B,H,d_c)
+    return torch.einsum("bhc,hvc->bhv", o, W_UV)
+''',
+    # review 08-14 (alt12.py): absorbed, with plain broadcasting matmuls (no einsum)
+    _GIVEN + '''
+
+def absorbed_decode(q_nope, q_rope, c_kv, k_rope, kv_b_weight):
+    B, H, d_nope = q_nope.shape
+    S, d_R = k_rope.shape[1:]
+    W = kv_b_weight.view(H, -1, kv_b_weight.shape[-1])
+    W_UK, W_UV = W[:, :d_nope], W[:, d_nope:]
+    q_lat = (q_nope.unsqueeze(-2) @ W_UK).squeeze(-2)                       # (B, H, d_c)
+    q_r = rope_half(q_rope, S - 1)
+    s = q_lat @ c_kv.transpose(-1, -2) + q_r @ k_rope.transpose(-1, -2)     # (B, H, S)
+    p = torch.softmax(s / math.sqrt(d_nope + d_R), -1)
+    mixed = p @ c_kv                                                          # (B, H, d_c)
+    return (mixed.unsqueeze(-2) @ W_UV.transpose(-1, -2)).squeeze(-2)
+''',
+]}

@@ -120,8 +120,8 @@ def block_kind(rank, src, world):
     return 2 if src < rank else 1
 ''', "skip them instead")])
 
-# 13_ring_loop: the correct cell masks by global positions instead of skipping and keeps lesson 08's running
-# max and sum (a wholly masked block adds nothing); the wrong ones each change one thing of a plain loop.
+# 13_ring_loop: the correct cell masks its diagonal block by global positions and keeps lesson 08's running
+# max and sum; the wrong ones each change one thing of a plain loop.
 _RING = '''
 def ring_forward(q, rank, world, ring, causal):
     scale = q.shape[-1] ** -0.5
@@ -157,8 +157,8 @@ def _ring(**change):
 
 CELLS["13_ring_loop"] = ("ring_forward", '''
 def ring_forward(q, rank, world, ring, causal):
-    """One rank of the ring. Not attn_course.ring.ring_attention: mask by GLOBAL positions (a block wholly in
-    the future is all -inf and adds nothing) and keep lesson 08's running max m and sum l."""
+    """One rank of the ring. Not attn_course.ring.ring_attention: the diagonal block masked by GLOBAL positions,
+    later shards skipped (but still relayed), and lesson 08's running max m and sum l."""
     c = q.shape[-2]
     my_pos = torch.arange(rank * c, (rank + 1) * c)
     m = torch.full(q.shape[:-1], -math.inf, dtype=q.dtype)
@@ -167,15 +167,16 @@ def ring_forward(q, rank, world, ring, causal):
     for step in range(world):
         k, v = ring.kv()
         owner = (rank - step) % world                      # the shard started on this rank
-        s = torch.einsum("bhqe,bhke->bhqk", q, k) / math.sqrt(q.shape[-1])
-        if causal:
-            their_pos = torch.arange(owner * c, (owner + 1) * c)
-            s = s.masked_fill(their_pos[None, :] > my_pos[:, None], -math.inf)
-        m_new = torch.maximum(m, s.amax(-1))
-        shift = torch.where(m_new == -math.inf, 0.0, m_new)
-        p = torch.exp(s - shift[..., None])
-        alpha = torch.exp(m - shift)
-        l, acc, m = alpha * l + p.sum(-1), alpha[..., None] * acc + p @ v, m_new
+        if not (causal and owner > rank):                  # a later rank's keys are all in the future
+            s = torch.einsum("bhqe,bhke->bhqk", q, k) / math.sqrt(q.shape[-1])
+            if causal:
+                their_pos = torch.arange(owner * c, (owner + 1) * c)
+                s = s.masked_fill(their_pos[None, :] > my_pos[:, None], -math.inf)
+            m_new = torch.maximum(m, s.amax(-1))
+            shift = torch.where(m_new == -math.inf, 0.0, m_new)
+            p = torch.exp(s - shift[..., None])
+            alpha = torch.exp(m - shift)
+            l, acc, m = alpha * l + p.sum(-1), alpha[..., None] * acc + p @ v, m_new
         if step != world - 1:
             ring.pass_on()
     return acc / l[..., None], m + torch.log(l)
@@ -244,4 +245,83 @@ def ring_forward(q, rank, world, ring, causal):
             ring.pass_on()
     return out, lse
 ''', "FORBIDDEN"),
+    # review 08-14 (13.6, alt13.py): every shard computed, the later ones masked with -inf over global positions
+    # instead of skipped -- right values, the work the causal skip saves
+    ('''
+def ring_forward(q, rank, world, ring, causal):
+    c = q.shape[-2]
+    my_pos = torch.arange(rank * c, (rank + 1) * c)
+    m = torch.full(q.shape[:-1], -math.inf, dtype=q.dtype)
+    l = torch.zeros_like(m)
+    acc = 0
+    for step in range(world):
+        k, v = ring.kv()
+        owner = (rank - step) % world                      # the shard started on this rank
+        s = torch.einsum("bhqe,bhke->bhqk", q, k) / math.sqrt(q.shape[-1])
+        if causal:
+            their_pos = torch.arange(owner * c, (owner + 1) * c)
+            s = s.masked_fill(their_pos[None, :] > my_pos[:, None], -math.inf)
+        m_new = torch.maximum(m, s.amax(-1))
+        shift = torch.where(m_new == -math.inf, 0.0, m_new)
+        p = torch.exp(s - shift[..., None])
+        alpha = torch.exp(m - shift)
+        l, acc, m = alpha * l + p.sum(-1), alpha[..., None] * acc + p @ v, m_new
+        if step != world - 1:
+            ring.pass_on()
+    return acc / l[..., None], m + torch.log(l)
+''', "masking them with −∞ does the work"),
+    ('''
+def ring_forward(q, rank, world, ring, causal):
+    # alt13.py verbatim: one shard at a time, but the causal mask built from global positions on every shard
+    c = q.shape[-2]
+    pos_q = torch.arange(rank * c, (rank + 1) * c)
+    out, lse = None, None
+    for t in range(world):
+        k, v = ring.kv()
+        src = (rank - t) % world
+        pos_k = torch.arange(src * c, (src + 1) * c)
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if causal:
+            s = s.masked_fill(pos_k[None, :] > pos_q[:, None], -math.inf)   # a later shard: all -inf
+        lb = torch.logsumexp(s, -1)
+        ob = torch.nan_to_num(torch.exp(s - lb[..., None])) @ v
+        if out is None:
+            out, lse = ob, lb
+        else:
+            new = torch.logaddexp(lse, lb)
+            safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
+            out = torch.exp(lse - safe)[..., None] * out + torch.exp(lb - safe)[..., None] * ob
+            lse = new
+        if t < world - 1:
+            ring.pass_on()
+    return out, lse
+''', "masking them with −∞ does the work"),
 ])
+
+
+ALSO_CORRECT = {"13_ring_loop": [
+    # overlap style (review 08-14, alt13.py): start the hop first, as isend/irecv would, then compute on the
+    # shard already in hand
+    '''
+def ring_forward(q, rank, world, ring, causal):
+    lse = torch.full(q.shape[:-1], -math.inf, dtype=q.dtype)
+    out = None
+    for t in range(world):
+        k, v = ring.kv()
+        if t < world - 1:
+            ring.pass_on()
+        src = (rank - t) % world
+        if causal and src > rank:
+            continue
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if causal and src == rank:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+        lb = torch.logsumexp(s, -1); ob = torch.softmax(s, -1) @ v
+        if out is None:
+            out = torch.zeros_like(ob)
+        new = torch.logaddexp(lse, lb)
+        out = torch.exp(lse - new)[..., None] * out + torch.exp(lb - new)[..., None] * ob
+        lse = new
+    return out, lse
+''',
+]}

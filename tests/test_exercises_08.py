@@ -159,3 +159,81 @@ def test_hbm_traffic(kw, fragment):
         assert_all_pass("08_hbm_traffic", fn)
     else:
         assert_hint("08_hbm_traffic", fn, fragment)
+
+
+# ---- 08_tiled_backward (build: FlashAttention's tiled, recomputing backward) ----
+
+def make_tiled_bwd(p="lse", use_D=True, scale_ds=True, skip=True, strip=False):
+    """The tiled backward (query tiles outside), with one mistake: ``p`` "lse" / "tile" (each tile normalised by
+    its own row sums) / "exp"; ``use_D``; ``scale_ds``; ``skip=False``: causal visits every tile; ``strip``: each
+    query block against all keys at once."""
+    def tiled_backward(q, k, v, out, lse, dout, causal, block):
+        L, d = q.shape[-2:]
+        scale = 1 / math.sqrt(d)
+        D = (dout * out).sum(-1, keepdim=True) if use_D else torch.zeros_like(out[..., :1])
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for q0 in range(0, L, block):
+            q1 = min(q0 + block, L)
+            kb = L if strip else block
+            for k0 in range(0, q1 if (causal and skip) else L, kb):
+                k1 = min(k0 + kb, L)
+                s = q[..., q0:q1, :] @ k[..., k0:k1, :].transpose(-2, -1) * scale
+                if causal:
+                    s = s.masked_fill(torch.arange(k0, k1)[None, :] > torch.arange(q0, q1)[:, None], -math.inf)
+                if p == "lse":
+                    P = torch.exp(s - lse[..., q0:q1, None])
+                elif p == "tile":
+                    e = torch.exp(s - s.amax(-1, keepdim=True))
+                    P = e / e.sum(-1, keepdim=True)
+                else:
+                    P = torch.exp(s)
+                dv[..., k0:k1, :] += P.transpose(-2, -1) @ dout[..., q0:q1, :]
+                dS = P * (dout[..., q0:q1, :] @ v[..., k0:k1, :].transpose(-2, -1) - D[..., q0:q1, :])
+                g = scale if scale_ds else 1.0
+                dq[..., q0:q1, :] += dS @ k[..., k0:k1, :] * g
+                dk[..., k0:k1, :] += dS.transpose(-2, -1) @ q[..., q0:q1, :] * g
+        return dq, dk, dv
+    return tiled_backward
+
+
+def test_tiled_backward():
+    assert_all_pass("08_tiled_backward", make_tiled_bwd())
+    assert_hint("08_tiled_backward", make_tiled_bwd(use_D=False), "D_i is missing")
+    assert_hint("08_tiled_backward", make_tiled_bwd(p="tile"), "each tile's own row sums")
+    assert_hint("08_tiled_backward", make_tiled_bwd(p="exp"), "exp(S) alone is not normalised")
+    assert_hint("08_tiled_backward", make_tiled_bwd(scale_ds=False), "the scale is missing in dS")
+
+
+def test_tiled_backward_reference_is_autograd_of_the_formula():
+    """The judge's reference (autograd of SDPA, fp64) equals 8.3's reference (autograd of the explicit formula)
+    and the hint model without mistakes, on the held-out shapes."""
+    from attn_course.grading.exercises import get
+    from attn_course.grading.exercises.lesson08 import _attn_ref, _tb_model
+    ex = get("08_tiled_backward")
+    for case in ex.cases(torch.Generator().manual_seed(5)):
+        i = case.inputs
+        q, k, v = (i[n].clone().requires_grad_() for n in "qkv")
+        ref = torch.autograd.grad(_attn_ref(q, k, v, case.params["causal"])[0], (q, k, v), i["dout"])
+        want, model = ex.expected(case), _tb_model(case)
+        for key, r in zip(("dq", "dk", "dv"), ref):
+            torch.testing.assert_close(want[key], r)
+            torch.testing.assert_close(model[key], r)
+        assert case.inputs["q"].shape[-2] % case.params["block"] != 0                   # ragged L on every case
+
+
+def test_tiled_backward_properties_every_case():
+    """8.3's dense backward, a dense backward by row strips, and (on the causal cases) every tile visited: right
+    gradients, no point."""
+    from attn_course.grading.exercises import get
+    from exercise_kit import results
+    from test_grading_learners import run_cell
+    from learner_cells import CELLS
+    dense = [c for c, hint in CELLS["08_tiled_backward"][2] if hint == "as large as the whole score matrix"][0]
+    for fn, fragment in [(run_cell(dense)["tiled_backward"], "as large as the whole score matrix"),
+                         (make_tiled_bwd(strip=True), "more than one tile's")]:
+        res = results("08_tiled_backward", fn)
+        assert not any(ok for ok, _ in res) and all(fragment in msg for _, msg in res), res
+    res = results("08_tiled_backward", make_tiled_bwd(skip=False))
+    causal = [c.params["causal"] for c in get("08_tiled_backward").cases(torch.Generator().manual_seed(0))]
+    assert [ok for ok, _ in res] == [not c for c in causal], res
+    assert all("skip the tiles above the diagonal" in msg for ok, msg in res if not ok), res

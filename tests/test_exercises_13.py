@@ -192,9 +192,10 @@ def ring_gather(q, rank, world, ring, causal):
     return torch.softmax(s, -1) @ V, torch.logsumexp(s, -1)
 
 
-def ring_positions_style(q, rank, world, ring, causal):
-    """Another correct style: mask by global positions instead of skipping (a wholly masked block has
-    lse = −∞ and a zero output), running max and sum as in lesson 08."""
+def ring_positions_style(q, rank, world, ring, causal, skip=True):
+    """Another correct style: the causal mask built from global positions, running max and sum as in lesson 08.
+    ``skip=False``: later shards computed and masked (all −∞) instead of skipped — right values, but the work
+    the causal skip saves (review 08-14, 13.6)."""
     c, scale = q.shape[-2], 1 / math.sqrt(q.shape[-1])
     pos_q = torch.arange(rank * c, (rank + 1) * c)
     m = torch.full((*q.shape[:-1], 1), -math.inf, dtype=q.dtype)
@@ -202,14 +203,15 @@ def ring_positions_style(q, rank, world, ring, causal):
     for t in range(world):
         k, v = ring.kv()
         src = (rank - t) % world
-        s = torch.einsum("bhqe,bhke->bhqk", q, k) * scale
-        if causal:
-            s = s.masked_fill(torch.arange(src * c, (src + 1) * c)[None, :] > pos_q[:, None], -math.inf)
-        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
-        safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-        p = torch.exp(s - safe)
-        alpha = torch.exp(m - safe)
-        den, acc, m = alpha * den + p.sum(-1, keepdim=True), alpha * acc + p @ v, m_new
+        if not (skip and causal and src > rank):
+            s = torch.einsum("bhqe,bhke->bhqk", q, k) * scale
+            if causal:
+                s = s.masked_fill(torch.arange(src * c, (src + 1) * c)[None, :] > pos_q[:, None], -math.inf)
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            p = torch.exp(s - safe)
+            alpha = torch.exp(m - safe)
+            den, acc, m = alpha * den + p.sum(-1, keepdim=True), alpha * acc + p @ v, m_new
         if t + 1 < world:
             ring.pass_on()
     return acc / den, (m + den.log()).squeeze(-1)
@@ -218,6 +220,8 @@ def ring_positions_style(q, rank, world, ring, causal):
 def test_ring_loop():
     assert_all_pass("13_ring_loop", make_ring())
     assert_all_pass("13_ring_loop", ring_positions_style)
+    assert_hint("13_ring_loop", partial(ring_positions_style, skip=False),
+                "masking them with −∞ does the work", every=True)
     for merge in ("mean", "sum"):
         assert_hint("13_ring_loop", make_ring(merge=merge), "without their log-sum-exps", every=True)
     assert_hint("13_ring_loop", make_ring(scale=False), "not scaled", every=True)

@@ -23,7 +23,7 @@ from attn_course.grading.guard import static_findings, static_violations
 from attn_course.grading.runner import Options, grade_batch
 from attn_course.grading.selfcheck import SELF_CHECK_SEED
 from attn_course.grading.spec import FORBID_COURSE, FORBID_SDPA
-from learner_cells import CELLS
+from learner_cells import ALSO_CORRECT, CELLS
 
 ROOT = Path(__file__).resolve().parents[1]
 _cells = itertools.count()
@@ -53,6 +53,14 @@ def test_every_exercise_is_covered():
 @pytest.mark.parametrize("ex_id", sorted(CELLS))
 def test_correct_work_in_another_style_gets_full_marks(ex_id, capsys):
     result = check_cell(ex_id, CELLS[ex_id][1])
+    out = capsys.readouterr().out
+    assert result.status == "checked" and result.passed, out
+    assert result.score == result.max_score == get(ex_id).points
+
+
+@pytest.mark.parametrize("ex_id, n", [(i, n) for i in sorted(ALSO_CORRECT) for n in range(len(ALSO_CORRECT[i]))])
+def test_correct_variants_get_full_marks(ex_id, n, capsys):
+    result = check_cell(ex_id, ALSO_CORRECT[ex_id][n])
     out = capsys.readouterr().out
     assert result.status == "checked" and result.passed, out
     assert result.score == result.max_score == get(ex_id).points

@@ -39,3 +39,13 @@ def test_bad_arguments_raise(kw):
         timing.compare({"x": lambda: None}, **kw)
     with pytest.raises(ValueError):
         timing.compare({})
+
+
+def test_describe_prints_two_significant_figures_when_the_rounds_disagree_widely():
+    """A 17× spread of per-round ratios (6.94–120.08) makes "69.97×" a false precision: two figures only."""
+    wide = {"a": timing.Timing("a", (6.94, 69.97, 120.08)), "b": timing.Timing("b", (1.0, 1.0, 1.0))}
+    s = timing.describe(wide, "a", "b")
+    assert "a took 70× b's time" in s and "per-round ratios 6.9–120)" in s, s
+    narrow = {"a": timing.Timing("a", (0.62, 0.63, 0.66)), "b": timing.Timing("b", (1.0, 1.0, 1.0))}
+    assert "took 0.63× b's time" in timing.describe(narrow, "a", "b") and "0.62–0.66" in timing.describe(narrow, "a", "b")
+    assert timing._sig(0.01234) == "0.012" and timing._sig(1234.0) == "1200" and timing._two_decimals(69.97) == "70.0"

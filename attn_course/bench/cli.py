@@ -64,8 +64,9 @@ def parser() -> argparse.ArgumentParser:
                    "(default: 7)")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls of each method before the rounds (default: 1)")
     p.add_argument("--threads", type=int, default=1,
-                   help="torch threads while measuring (default: 1; 0 keeps torch's default, which a busy "
-                        "machine makes erratic)")
+                   help="torch threads while measuring (default: 1; 0 keeps torch's default, one per core, which "
+                        "a busy machine makes erratic: flash_attention's loop of small ops waits for a parked "
+                        "thread at every op — lesson 08 §9 measures it)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available, else cpu)")
     p.add_argument("--batch", type=int, default=1, help="batch size B (default: 1)")
     p.add_argument("--heads", type=int, default=8, help="heads H (default: 8)")

@@ -26,6 +26,7 @@ import linecache
 import os
 import sys
 import types
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -34,7 +35,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["static_findings", "static_violations", "Finding", "judged_source", "RuntimeGuard", "TensorWatch",
-           "TensorCallWatch", "DEFAULT_ALIASES"]
+           "TensorCallWatch", "Work", "MatmulWork", "DEFAULT_ALIASES"]
 
 # Files of the grading machinery itself, which runs inside the guard (answer functions, the guard).
 _GRADING_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -316,6 +317,8 @@ class RuntimeGuard:
         self._ran_dynamo = False
         if not self.forbidden:
             return self
+        if any(name == "torch" or name.startswith("torch.") for _, name in self._dirs):
+            _import_dispatch_modes()      # not inside the guard: that import runs code of torch.autograd
         self._old_profile = sys.getprofile()
         sys.setprofile(self._profile)
         if self._codes or self._builtins:
@@ -339,6 +342,15 @@ class RuntimeGuard:
 
 
 _DYNAMO_DIR = os.sep + os.path.join("torch", "_dynamo") + os.sep
+
+
+@lru_cache(maxsize=None)
+def _import_dispatch_modes() -> None:
+    """Enter a dispatch mode once, outside any guard: the first one in a process imports ``torch._dynamo``,
+    whose import runs code in ``torch.autograd`` — which a guard forbidding that module would charge to the
+    learner when an exercise counts work (:class:`Work`) inside it."""
+    with Work():
+        torch.zeros(1) + 1                # the first op dispatched to a Python mode does the import
 
 
 # ---- which source is judged ------------------------------------------------------------------------------
@@ -381,6 +393,15 @@ def judged_source(obj) -> str | None:
 
 # ---- tiling: the largest tensor the learner's code creates -------------------------------------------
 
+def _distinct(t) -> int:
+    """Elements a tensor really holds: an ``expand``ed (stride-0) axis holds its elements once."""
+    n = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            n *= size
+    return n
+
+
 class _LargestTensor:
     """Records the largest tensor (elements, bytes, shape) among the results it is shown."""
 
@@ -389,10 +410,12 @@ class _LargestTensor:
         self.largest_bytes = 0
         self.largest_shape: tuple[int, ...] = ()
 
+    _views_once = False       # count an expanded (stride-0) axis once: a view allocates nothing
+
     def _record(self, out):
         for t in (out if isinstance(out, (tuple, list)) else (out,)):
             if isinstance(t, torch.Tensor):
-                n = t.numel()
+                n = _distinct(t) if self._views_once else t.numel()
                 if n > self.largest_numel:
                     self.largest_numel, self.largest_shape = n, tuple(t.shape)
                 self.largest_bytes = max(self.largest_bytes, n * t.element_size())
@@ -420,7 +443,13 @@ class TensorCallWatch(_LargestTensor, TorchFunctionMode):
     operator called while it is active (factories such as ``torch.empty`` included). It sees every tensor
     the learner's code holds, at no import cost; it does not see a composite op's internal temporaries
     or a backward pass. Used by exercises that promise tiling (``Exercise.max_numel_fn``); it lives here,
-    in the grading package, so the runtime guard lets it run inside learner code."""
+    in the grading package, so the runtime guard lets it run inside learner code.
+
+    A view that repeats an axis without copying it (``expand``, stride 0) counts the elements it really holds:
+    ``c_kv[:, None].expand(B, H, S, d_c)`` is B·S·d_c, not B·H·S·d_c (it allocates nothing; what is computed from
+    it is a new tensor, counted in full)."""
+
+    _views_once = True
 
     def __init__(self):
         super().__init__()
@@ -445,29 +474,59 @@ def _learner_tool_files() -> frozenset[str]:
     return frozenset(os.path.abspath(importlib.import_module(m).__file__) for m in LEARNER_TOOLS)
 
 
-# ---- lesson 09: the work of matrix products (tiles visited) -------------------------------------------
+# ---- the work of products (tiles visited): matrix products and elementwise multiply-and-reduce -------------
 
-class MatmulWork(TorchDispatchMode):
-    """Counts the matrix products run while it is active: ``calls`` and ``flops`` (2 per multiply-add) of
-    every ``mm``/``bmm``/``addmm``/``baddbmm``/``mv``/``dot`` ATen runs — which is where ``@``, ``matmul``,
-    ``einsum``, ``bmm`` and ``F.linear`` end up. A tiling exercise compares ``flops`` with what the tiles it
-    allows need (09_window_tiles: the band's tiles only). Products written as broadcast-multiply-and-sum are
-    not counted (best effort, like :class:`TensorCallWatch`). It lives here so the runtime guard lets it run
-    inside learner code; its first use in a process imports ``torch._dynamo`` (a few seconds)."""
+class Work(TorchDispatchMode):
+    """Counts the work of the products run while it is active, however they are written:
+
+    * ``flops``: 2 per multiply-add — of every matrix product (``mm``/``bmm``/``addmm``/``baddbmm``/``mv``/``dot``,
+      where ``@``, ``matmul``, ``einsum`` and ``F.linear`` end up), **and** of every reduction (``sum``, ``mean``,
+      ``cumsum``, ``prod``) of the result of an elementwise product (``mul``/``div``/``prod``, or a view of it):
+      2 per element reduced, a multiply and an add. So ``(q[..., :, None, :] * k[..., None, :, :]).sum(-1)`` counts
+      exactly what ``q @ k.transpose(-2, -1)`` counts, and an elementwise scaling that is not reduced
+      (``alpha * acc``, ``s / math.sqrt(d)``) counts nothing;
+    * ``calls``: the matrix products and counted reductions;
+    * ``largest`` / ``largest_shape``: the largest result of such a product (a matrix product's result, or a
+      counted reduction's), i.e. the largest block of scores the code formed at once.
+
+    A tiling exercise compares ``flops`` with what the tiles it allows need (09_window_tiles: the band's tiles;
+    10_chunked_scan: O(L·C); 13_ring_loop: the causal skip) and ``largest`` with one tile. Best effort, like
+    :class:`TensorCallWatch`: a product spelled with additions (``exp(log a + log b)``) is not seen. It lives here
+    so the runtime guard lets it run inside learner code; its first use in a process imports ``torch._dynamo``
+    (a few seconds)."""
 
     _SIZES = {"mm": lambda a, b: a.shape[0] * a.shape[1] * b.shape[1],
               "bmm": lambda a, b: a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2],
               "mv": lambda a, b: a.shape[0] * a.shape[1],
               "dot": lambda a, b: a.shape[0], "vdot": lambda a, b: a.shape[0]}
     _BIASED = {"addmm": "mm", "baddbmm": "bmm", "addmv": "mv", "addmm_": "mm", "baddbmm_": "bmm", "addmv_": "mv"}
+    _PRODUCTS = {"mul", "mul_", "div", "div_", "prod", "cumprod", "addcmul"}     # their results are products
+    _REDUCTIONS = {"sum", "mean", "nansum", "cumsum", "prod", "cumprod"}          # count when they reduce one
 
     def __init__(self):
         super().__init__()
         self.calls = 0
         self.flops = 0
+        self.largest = 0
+        self.largest_shape: tuple[int, ...] = ()
+        self._products: dict[int, weakref.ref] = {}
+
+    def _is_product(self, t) -> bool:
+        for x in (t, getattr(t, "_base", None)):
+            ref = self._products.get(id(x)) if isinstance(x, torch.Tensor) else None
+            if ref is not None and ref() is x:
+                return True
+        return False
+
+    def _result(self, out):
+        if isinstance(out, torch.Tensor) and out.numel() > self.largest:
+            self.largest, self.largest_shape = out.numel(), tuple(out.shape)
 
     def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
         name = func.overloadpacket.__name__
+        reduced = name in self._REDUCTIONS and args and isinstance(args[0], torch.Tensor) \
+            and self._is_product(args[0])
+        out = func(*args, **(kwargs or {}))
         if name in self._BIASED:                               # bias + a @ b
             name, operands = self._BIASED[name], args[1:3]
         else:
@@ -476,4 +535,16 @@ class MatmulWork(TorchDispatchMode):
         if size is not None:
             self.calls += 1
             self.flops += 2 * size(*operands)
-        return func(*args, **(kwargs or {}))
+            self._result(out)
+        elif reduced:                                          # Σ of a product: a multiply and an add per element
+            self.calls += 1
+            self.flops += 2 * args[0].numel()
+            self._result(out)
+        if name in self._PRODUCTS and isinstance(out, torch.Tensor):
+            key = id(out)
+            self._products[key] = weakref.ref(out, lambda _, key=key: self._products.pop(key, None))
+        return out
+
+
+MatmulWork = Work
+"""The work counter's first name (it counted matrix products only); kept for old imports."""

@@ -1,4 +1,4 @@
-"""Exercise set 08 — FlashAttention: online softmax, tiled forward, backward from the logsumexp, costs
+"""Exercise set 08 — FlashAttention: online softmax, tiled forward, backward from the logsumexp, tiled backward, costs
 (solutions/08_flash_attention_tiling.ipynb).
 
 References are computed here in float64 from the definitions (softmax over the full score matrix,
@@ -250,6 +250,131 @@ def _bwd_judge(got, want, case):
     return Verdict(False, "recompute S = Q Kᵀ·scale (masked), P = exp(S − L), then dV = Pᵀ dO.")
 
 
+# ---- 08_tiled_backward: FlashAttention's tiled, recomputing backward ------------------------------------
+
+def _tb_tiles(L, block, causal):
+    """(q0, q1, k0, k1) of every tile a causal-skipping kernel visits: all of them, or those on or below the
+    diagonal (some key k0 <= the block's last query)."""
+    for k0 in range(0, L, block):
+        for q0 in range(0, L, block):
+            if not causal or k0 <= min(q0 + block, L) - 1:
+                yield q0, min(q0 + block, L), k0, min(k0 + block, L)
+
+
+def _tb_limits(case):
+    """(work allowed in FLOPs, the largest product allowed). Work: 7 tile products per visited tile (S, dP,
+    P̃ᵀdO, dS K, dSᵀQ, and S, dP again for a second pass over the tiles) + D = rowsum(dO ∘ O) twice over.
+    Largest: one tile's products, B·H·block·max(block, d), or one value per row (B·H·L, D)."""
+    B, H, L, d = case.inputs["q"].shape
+    block, causal = case.params["block"], case.params["causal"]
+    pairs = sum((q1 - q0) * (k1 - k0) for q0, q1, k0, k1 in _tb_tiles(L, block, causal))
+    return 2 * B * H * d * (7 * pairs + 2 * L), B * H * max(block * max(block, d), L)
+
+
+def _tb_cases(gen):
+    def make(g):
+        B, H = choice(g, ((1, 1), (1, 2), (2, 1)))
+        d, block = randint(g, 2, 4), randint(g, 3, 6)
+        L = randint(g, max(3 * block + 1, 2 * B * H * d + 1, 13), 40)
+        return (B, H, L, d, block), B * H * d * 2 < L and L % block != 0     # ragged; tiled tensors < L·L
+    out = []
+    for causal in (False, True, True):
+        (B, H, L, d, block), _ = draw(gen, make, lambda x: x[1])
+        q, k, v = (torch.randn(B, H, L, d, generator=gen, dtype=_F64) for _ in range(3))
+        o, lse, _ = _attn_ref(q, k, v, causal)
+        out.append(Case(f"B={B}, H={H}, L={L}, d={d}, block={block}, causal={causal}",
+                        {"q": q, "k": k, "v": v, "out": o, "lse": lse,
+                         "dout": torch.randn(B, H, L, d, generator=gen, dtype=_F64)},
+                        {"causal": causal, "block": block}))
+    return out
+
+
+def _tb_answer(fn, case):
+    from ..guard import Work
+    i, p = case.inputs, case.params
+    with Work() as work:
+        dq, dk, dv = fn(i["q"], i["k"], i["v"], i["out"], i["lse"], i["dout"], p["causal"], p["block"])
+    return {"dq": dq, "dk": dk, "dv": dv, "flops": torch.tensor(work.flops, dtype=torch.int64),
+            "largest": torch.tensor(work.largest, dtype=torch.int64)}
+
+
+def _tb_expected(case):
+    """Autograd of SDPA, float64 — independent of the tiles."""
+    import torch.nn.functional as F
+    i = case.inputs
+    q, k, v = (i[n].clone().requires_grad_() for n in "qkv")
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=case.params["causal"])
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), i["dout"])
+    flops, largest = _tb_limits(case)
+    return {"dq": dq, "dk": dk, "dv": dv, "flops": torch.tensor(flops, dtype=torch.int64),
+            "largest": torch.tensor(largest, dtype=torch.int64)}
+
+
+def _tb_model(case, *, p="lse", use_D=True, scale_ds=True):
+    """The tiled backward in float64 with one mistake: ``p`` "lse" (P = exp(S − L)), "tile" (each tile's P
+    normalised by the tile's own row sums) or "exp" (exp(S), not normalised); ``use_D``; ``scale_ds``."""
+    i, block, causal = case.inputs, case.params["block"], case.params["causal"]
+    q, k, v, o, lse, dO = (i[n] for n in ("q", "k", "v", "out", "lse", "dout"))
+    L, d = q.shape[-2:]
+    scale = 1 / math.sqrt(d)
+    D = (dO * o).sum(-1, keepdim=True) if use_D else torch.zeros_like(o[..., :1])
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for q0, q1, k0, k1 in _tb_tiles(L, block, causal):
+        s = q[..., q0:q1, :] @ k[..., k0:k1, :].transpose(-2, -1) * scale
+        if causal:
+            s = s.masked_fill(torch.arange(k0, k1)[None, :] > torch.arange(q0, q1)[:, None], -_INF)
+        if p == "lse":
+            P = torch.exp(s - lse[..., q0:q1, None])
+        elif p == "tile":
+            e = torch.exp(s - s.amax(-1, keepdim=True).clamp(min=-1e300))
+            P = e / e.sum(-1, keepdim=True)
+        else:
+            P = torch.exp(s)
+        dv[..., k0:k1, :] += P.transpose(-2, -1) @ dO[..., q0:q1, :]
+        dS = P * (dO[..., q0:q1, :] @ v[..., k0:k1, :].transpose(-2, -1) - D[..., q0:q1, :])
+        g = scale if scale_ds else 1.0
+        dq[..., q0:q1, :] += dS @ k[..., k0:k1, :] * g
+        dk[..., k0:k1, :] += dS.transpose(-2, -1) @ q[..., q0:q1, :] * g
+    return {"dq": dq, "dk": dk, "dv": dv}
+
+
+def _tb_judge(got, want, case):
+    ok = {key: close(got[key], want[key]) for key in ("dq", "dk", "dv")}
+    if all(ok.values()):
+        flops, largest = int(got["flops"]), int(got["largest"])
+        allowed, cap = int(want["flops"]), int(want["largest"])
+        if largest > cap:
+            return Verdict(False, f"right gradients, but your code formed {largest} products at once (more than one "
+                                  f"tile's, {cap}): that is a dense backward over whole rows of the L × L matrix — "
+                                  f"recompute P tile by tile, block × block.")
+        if flops > allowed:
+            return Verdict(False, f"right gradients, but your products cost {flops} FLOPs, more than the tiles allow "
+                                  f"({allowed}: 7 tile products per tile{', on or below the diagonal' if case.params['causal'] else ''}"
+                                  f"): {'skip the tiles above the diagonal — all their keys are in the future; ' if case.params['causal'] else ''}"
+                                  f"recompute each tile's P once per pass.")
+        return Verdict(True)
+    if _has_nan(got):
+        return Verdict(False, "NaN: recompute P = exp(S − L) with the saved lse L (finite for every row); a row "
+                              "normalised by its own maximum over a tile of −∞ gives exp(−∞ + ∞).")
+    for hint, kw in [
+        ("D_i is missing: dS = P ∘ (dP − D) with D_i = rowsum(dO_i ∘ O_i), computed once before the loop.",
+         dict(use_D=False)),
+        ("P must be recomputed from the saved lse, P = exp(S − L), not normalised by each tile's own row sums: a "
+         "tile holds only some of the row's keys, the lse holds all of them.", dict(p="tile")),
+        ("P must be recomputed as exp(S − L) with the saved lse L; exp(S) alone is not normalised.", dict(p="exp")),
+        ("the scale is missing in dS: S = Q Kᵀ · scale, so dQ += dS K · scale and dK += dSᵀ Q · scale.",
+         dict(scale_ds=False)),
+    ]:
+        cand = _tb_model(case, **kw)
+        if all(_same(got[key], cand[key]) for key in ("dq", "dk", "dv") if not ok[key]):
+            return Verdict(False, hint)
+    if ok["dv"]:
+        return Verdict(False, "dV is right; for dQ, dK per tile: dP = dO_i V_jᵀ, dS = P ∘ (dP − D_i), dQ_i += dS K_j·scale, "
+                              "dK_j += dSᵀ Q_i·scale.")
+    return Verdict(False, "per tile: S = Q_i K_jᵀ·scale (masked), P = exp(S − L_i), dV_j += Pᵀ dO_i — summed over every "
+                          "query tile that sees key tile j.")
+
+
 # ---- 08_causal_tiles ----------------------------------------------------------------------------------
 
 def _tiles_cases(gen):
@@ -356,4 +481,9 @@ EXERCISES = [
     Exercise("08_hbm_traffic", 2, "Slow-memory traffic of the tiled forward",
              "a function tiled_traffic(N, d, block_q, block_k) -> int",
              _io_cases, _io_answer, _io_expected, _io_judge, forbidden=FORBID_COURSE, kind="compute"),
+    Exercise("08_tiled_backward", 4, "FlashAttention's tiled, recomputing backward",
+             "a function tiled_backward(q, k, v, out, lse, dout, causal, block) -> (dq, dk, dv)",
+             _tb_cases, _tb_answer, _tb_expected, _tb_judge,
+             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX + ("torch.autograd",),
+             max_numel_fn=lambda case: case.inputs["q"].shape[-2] ** 2, kind="build"),   # no L × L tensor
 ]

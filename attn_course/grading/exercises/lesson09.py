@@ -402,6 +402,7 @@ def _wt_cases(gen):
         n_band = len(list(_band(L, W, block)))
         n_causal = sum(-(-min(L, q0 + block) // block) for q0 in range(0, L, block))
         ok = (W % block != 0 and B * H * d * 2 < L                       # every tiled tensor < L·L
+              and block + W - 1 > max(block, d)                          # a softmax over a whole key range > a tile
               and 4 * n_band <= 3 * n_causal                             # the causal tiles are 1/3 more work at least
               and _first_tile_hidden(L, W, block)
               and all(not torch.equal(a, b) for n, a in enumerate(masks) for b in masks[n + 1:]))
@@ -419,17 +420,26 @@ def _wt_cases(gen):
 
 
 def _wt_answer(fn, case):
-    from ..guard import MatmulWork
+    from ..guard import Work
     i, p = case.inputs, case.params
-    with MatmulWork() as work:
+    with Work() as work:
         out = fn(i["q"], i["k"], i["v"], p["window"], p["block"])
-    return {"out": out, "flops": torch.tensor(work.flops, dtype=torch.int64)}
+    return {"out": out, "flops": torch.tensor(work.flops, dtype=torch.int64),
+            "largest": torch.tensor(work.largest, dtype=torch.int64)}
+
+
+def _tile_cap(case):
+    """The largest product result a tile-by-tile online softmax forms: one tile's scores (B·H·block·block) or
+    one tile's P̃V (B·H·block·d)."""
+    B, H, L, d = case.inputs["q"].shape
+    return B * H * case.params["block"] * max(case.params["block"], case.inputs["v"].shape[-1])
 
 
 def _wt_expected(case):
     i, L = case.inputs, case.inputs["q"].shape[-2]
     return {"out": _masked_attn(i["q"], i["k"], i["v"], _window(L, case.params["window"])),
-            "flops": torch.tensor(_band_work(case)[1], dtype=torch.int64)}
+            "flops": torch.tensor(_band_work(case)[1], dtype=torch.int64),
+            "largest": torch.tensor(_tile_cap(case), dtype=torch.int64)}
 
 
 def _wt_judge(got, want, case):
@@ -437,7 +447,12 @@ def _wt_judge(got, want, case):
     L, d = i["q"].shape[-2:]
     if close(got["out"], want["out"]):
         tiles, work = _band_work(case)
-        flops = int(got["flops"])
+        flops, largest, cap = int(got["flops"]), int(got["largest"]), _tile_cap(case)
+        if largest > cap:
+            return Verdict(False, f"right values, but your code formed {largest} scores at once (more than one tile's "
+                                  f"scores, B·H·block·max(block, d) = {cap}): that is one softmax over the block's "
+                                  f"whole key range, not the online softmax — take the keys one tile of `block` at a "
+                                  f"time and rescale m, l, acc at each.")
         if flops <= work * (1 + 1 / (2 * d)):                            # + a product with ones for the row sums
             return Verdict(True)
         return Verdict(False, f"right values, but you visited about {round(tiles * flops / work)} tiles; the band "

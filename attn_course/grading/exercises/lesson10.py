@@ -365,16 +365,26 @@ def _scan_limits(case):
     return L * L, B * H * L * E * case.inputs["v"].shape[-1]
 
 
+def _scan_work(B, H, L, E, Ev, C):
+    """The multiply-adds (×2) a chunked scan may spend: per chunk (padded to C rows) its C × C block against
+    [V | 1] and φ(Q) against [S | z] and the state update φ(K)ᵀ[V | 1], with a quarter more for slack —
+    O(L·C·(E + Ev) + L·E·Ev). A quadratic form needs about L²(E + Ev)."""
+    n = -(-L // C)
+    return B * H * n * C * 2 * (C * (E + Ev + 1) + 2 * E * (Ev + 1)) * 5 // 4
+
+
 def _scan_cases(gen):
     def make(g):
         B, H, E, Ev, C = randint(g, 1, 2), randint(g, 1, 2), randint(g, 2, 5), randint(g, 2, 5), randint(g, 2, 8)
-        L = randint(g, 3 * C + 1, 64)
+        L = randint(g, 3 * C + 1, 96)
         n = -(-L // C)
         square, stack = L * L, B * H * L * E * Ev
         # what a chunked scan needs — the inputs (padded to n·C), the chunks' C × C products and (E, Ev)
-        # states, all chunks at once — stays below both limits
+        # states, all chunks at once — stays below both limits; and the quadratic forms (every query against its
+        # whole prefix, by rows or by chunks) need at least twice the work a chunked scan is allowed
         need = max(B * H * n * C * max(E, Ev, C), B * H * n * E * Ev)
-        return (B, H, L, E, Ev, C), need < min(square, stack)
+        quadratic = B * H * L * (L + 1) * (E + Ev)
+        return (B, H, L, E, Ev, C), need < min(square, stack) and quadratic >= 2 * _scan_work(B, H, L, E, Ev, C)
     out = []
     for n in range(4):
         (B, H, L, E, Ev, C), _ = draw(gen, make, lambda x: x[1] and (x[0][2] % x[0][5] != 0) == (n != 3))
@@ -390,16 +400,19 @@ def _scan_cases(gen):
 
 
 def _scan_answer(fn, case):
-    from ..guard import TensorCallWatch
+    from ..guard import TensorCallWatch, Work
     i = case.inputs
-    with TensorCallWatch() as watch:
+    with TensorCallWatch() as watch, Work() as work:
         out = fn(i["phi_q"], i["phi_k"], i["v"], case.params["chunk"])
-    return {"out": out, "largest": torch.tensor(watch.largest_numel, dtype=torch.int64)}
+    return {"out": out, "largest": torch.tensor(watch.largest_numel, dtype=torch.int64),
+            "flops": torch.tensor(work.flops, dtype=torch.int64)}
 
 
 def _scan_expected(case):
     i = case.inputs
-    return {"out": _scan_quadratic(i["phi_q"], i["phi_k"], i["v"]), "largest": torch.tensor(0, dtype=torch.int64)}
+    return {"out": _scan_quadratic(i["phi_q"], i["phi_k"], i["v"]), "largest": torch.tensor(0, dtype=torch.int64),
+            "flops": torch.tensor(_scan_work(*i["phi_q"].shape, i["v"].shape[-1], case.params["chunk"]),
+                                  dtype=torch.int64)}
 
 
 def _scan_judge(got, want, case):
@@ -412,6 +425,12 @@ def _scan_judge(got, want, case):
             return Verdict(False, f"right values, but your code formed a tensor of {largest} elements, as large as "
                                   f"{' and as '.join(limits)}: inside a chunk use its C × C block only, and carry ONE "
                                   f"running state S (E × Ev) and z (E) from chunk to chunk.")
+        flops, allowed = int(got["flops"]), int(want["flops"])
+        if flops > allowed:
+            return Verdict(False, f"right values, but your products cost {flops} FLOPs (2 per multiply-add), more "
+                                  f"than a chunked scan is allowed ({allowed}, O(L·C)): each query was compared with its whole prefix "
+                                  f"(O(L²) work, no carried state) — compare it with its own chunk only and read the "
+                                  f"earlier chunks from ONE running state S (E × Ev) and z (E).")
         return Verdict(True)
     i, C = case.inputs, case.params["chunk"]
     pq, pk, v = i["phi_q"], i["phi_k"], i["v"]

@@ -351,12 +351,15 @@ def _dec_materialised(case, shape, limit):
     what = {(B, H, S, dv): "per-head values — W_UV was applied to the cache before the weighted sum; sum the "
                            "latents first, then apply W_UV",
             (B, H, S, dn): "per-head keys — W_UK was applied to the cache; absorb it into the query instead",
-            (B, H, S, dc): "a per-head copy of the latent (an expand counts too); keep c_kv shared",
+            (B, H, S, dc): "a per-head COPY of the latent (repeat, or .contiguous() of an expand); keep c_kv "
+                           "shared — an expand view is fine",
             (B, S, H * (dn + dv)): "per-head keys and values — kv_b_proj was applied to the cache; absorb W_UK "
                                    "into the query, apply W_UV after the weighted sum"}
     what[(B, S, H * dv)], what[(B, S, H * dn)] = what[(B, H, S, dv)], what[(B, H, S, dn)]
+    # the same axes in another order (a transposed key, (B, S, H, d) before a transpose) name the same tensor
+    named = what.get(tuple(shape)) or next((text for key, text in what.items() if sorted(key) == sorted(shape)), None)
     return (f"your code formed a {shape} tensor (≥ {limit} elements = B·H·S·min(d_nope, d_v)): "
-            + what.get(tuple(shape), "as large as per-head keys or values, which absorbed decoding never forms") + ".")
+            + (named or "as large as per-head keys or values, which absorbed decoding never forms") + ".")
 
 
 EXERCISES = [

@@ -13,7 +13,7 @@ import math
 import torch
 
 from ...ring_sim import run_ring
-from ..guard import TensorCallWatch
+from ..guard import TensorCallWatch, Work
 from ..spec import (Case, Exercise, FORBID_COURSE, NotTiled, Verdict, choice, close, diagnose, distinct, draw,
                     first_match, randint)
 
@@ -309,7 +309,7 @@ def _loop_limit(case):
 def _loop_answer(fn, case):
     i, P = case.inputs, case.params["world"]
     cut = lambda x: list(x.chunk(P, dim=-2))                            # noqa: E731 — contiguous shards
-    with TensorCallWatch() as watch:
+    with TensorCallWatch() as watch, Work() as work:
         results, passes = run_ring(fn, cut(i["q"]), cut(i["k"]), cut(i["v"]), case.params["causal"])
     limit = _loop_limit(case)
     if watch.largest_numel >= limit:
@@ -317,7 +317,17 @@ def _loop_answer(fn, case):
                        f"as large as the whole K or V, or its queries' scores against ALL keys ({limit} "
                        f"elements): a rank holds one K/V shard at a time and never gathers them.")
     return {"out": torch.cat([r[0] for r in results], dim=-2), "lse": torch.cat([r[1] for r in results], dim=-1),
-            "passes": torch.tensor(passes, dtype=torch.int64)}
+            "passes": torch.tensor(passes, dtype=torch.int64), "flops": torch.tensor(work.flops, dtype=torch.int64)}
+
+
+def _loop_blocks(case):
+    """(blocks the ranks must compute, FLOPs allowed): P(P+1)/2 blocks with the causal skip, P² without; per
+    block q kᵀ and P·V (2·B·H·c²·(E + Ev)) plus 3·B·H·c² for row sums or a mask by multiplication."""
+    B, H, L, E = case.inputs["q"].shape
+    P, Ev = case.params["world"], case.inputs["v"].shape[-1]
+    c = L // P
+    blocks = P * (P + 1) // 2 if case.params["causal"] else P * P
+    return blocks, blocks * B * H * c * c * (2 * (E + Ev) + 3)
 
 
 def _loop_expected(case):
@@ -327,7 +337,8 @@ def _loop_expected(case):
     if case.params["causal"]:
         keep = keep.tril()
     out, lse = _partial(i["q"], i["k"], i["v"], keep)                 # full attention, straight from the formula
-    return {"out": out, "lse": lse, "passes": torch.full((P,), P - 1, dtype=torch.int64)}
+    return {"out": out, "lse": lse, "passes": torch.full((P,), P - 1, dtype=torch.int64),
+            "flops": torch.tensor(_loop_blocks(case)[1], dtype=torch.int64)}
 
 
 def _rule(r, s):
@@ -381,6 +392,14 @@ def _loop_judge(got, want, case):
     ok_out = close(got["out"], want["out"], atol=1e-8, rtol=1e-6)
     ok_lse = close(got["lse"], want["lse"], atol=1e-8, rtol=1e-6)
     if ok_out and ok_lse:
+        blocks, allowed = _loop_blocks(case)
+        flops = int(got["flops"])
+        if flops > allowed:
+            B, H, L, E = case.inputs["q"].shape
+            per_block = 2 * B * H * (L // P) ** 2 * (E + case.inputs["v"].shape[-1])
+            return Verdict(False, f"right values, but the ranks computed about {round(flops / per_block)} blocks; the "
+                                  f"causal ring needs {blocks} = P(P+1)/2: skip the shards of later ranks (src > rank) "
+                                  f"without computing them — masking them with −∞ does the work the causal skip saves.")
         return Verdict(True)
     lse_max = "the running lse is logaddexp(lse, lse_block), not the max of the two."
     if ok_out:
