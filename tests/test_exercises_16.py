@@ -349,7 +349,7 @@ def test_grade_ranks_a_class_end_to_end(tmp_path):
     with open(out / "leaderboard.csv", newline="") as f:
         board = list(csv.DictReader(f))
     assert list(board[0]) == ["rank", "within noise of", "student_id", "parameters", "KV bytes/token", "held-out loss",
-                              "± 2 s.e.", "GFLOP per batch", "train seconds", "within budget", "points"]
+                              "± 2 s.e.", "GFLOP per batch", "within budget", "points"]
     by = {r["student_id"]: r for r in board}
     reports = {s: json.loads((out / f"{s}.json").read_text()) for s in by}
     measured = {s: reports[s]["exercises"]["16_capstone"]["measured"] for s in by}
@@ -357,7 +357,6 @@ def test_grade_ranks_a_class_end_to_end(tmp_path):
     assert measured["erin"]["held-out loss"] == measured["alice"]["held-out loss"]
     assert reports["erin"]["seeds"] == reports["alice"]["seeds"] == reports["carol"]["seeds"]
     assert all(0 < measured[s]["± 2 s.e."] < 0.2 for s in ("alice", "carol", "erin"))
-    assert all(r["time_limit_s"] >= 400 for r in reports.values())
     losses = {s: measured[s]["held-out loss"] for s in ("alice", "carol", "erin")}
     ranked = sorted(losses, key=lambda s: (losses[s], s))
     assert [r["student_id"] for r in board[:3]] == ranked and [r["rank"] for r in board[:3]] == ["1", "2", "3"]

@@ -334,7 +334,7 @@ def _grade_into(report: dict, sub: Submission, course: Course, opts: Options) ->
     ids = course.ids[lesson]
     if lesson in opts.lesson_timeout:                        # e.g. the capstone: TIME_FACTOR x the solution's run
         opts = replace(opts, timeout=max(opts.timeout, opts.lesson_timeout[lesson]))
-    report["time_limit_s"] = round(opts.timeout, 1)
+    report["_time_limit_s"] = round(opts.timeout, 1)        # private: measured, so not written (determinism)
     report["lesson"] = lesson
     report["max_score"] = course.max_score(lesson)
     # held-out inputs: per exercise, from the learner's cell (the same as check() under nbgrader autograde);
