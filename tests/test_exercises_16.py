@@ -281,7 +281,7 @@ def test_check_warns_when_a_design_trains_slowly():
     x = case.inputs["x"]
     got = {"logits": torch.zeros(*x.shape, 128), "probe": torch.zeros(*case.inputs["probe"].shape, 128),
            "parameters": torch.tensor(1000), "flops": torch.tensor(1e8, dtype=torch.float64)}
-    for seconds, warned in ((30.0, False), (41.0, True)):
+    for seconds, warned in ((45.0, False), (51.0, True)):
         got |= {"seconds": torch.tensor(seconds, dtype=torch.float64), "yardstick": torch.tensor(20.0, dtype=torch.float64)}
         v = lesson16._judge(got, lesson16._expected(case), case)
         assert ("⚠ it trained in" in v.hint) == warned and (f"{seconds / 20:.1f}× a model" in v.hint) == warned

@@ -67,7 +67,7 @@ RECIPE = {"steps": 300, "batch_size": 16, "seq_len": KV_CONTEXT, "lr": 3e-3}   #
 PROBE_WINDOWS = 16               # held-out windows of the causality probe (their second half re-drawn)
 TIME_FACTOR = 4.0                # the grader's time limit: this many times the course's solution's run
 YARDSTICK_STEPS = 20             # check() times this many steps of lesson 11's TinyLM and warns when the design
-SLOW_WARNING = 2.0               #   trains more than this many times slower (half the grader's margin)
+SLOW_WARNING = 2.5               #   trains more than this many times slower (the grader allows TIME_FACTOR)
 
 
 def _data():
