@@ -1,4 +1,4 @@
-'''Learner-style cells for the capstone (lesson 14), in the format of tests/learner_cells.py:
+'''Learner-style cells for the capstone (lesson 16), in the format of tests/learner_cells.py:
 ``CELLS[exercise_id] = (function name, correct cell, [(wrong cell, expected hint substring), ...])``.
 
 The correct cell is a design in another style than the solution's: attention written by hand, ALiBi instead of
@@ -150,6 +150,133 @@ def make_model(vocab_size):
 
     return Bigram()
 '''
+
+# ---- the review's shortcuts (review 2026-11-26, 08-14 §Capstone): each must score below full marks ----------
+
+_MHA_BLOCKS = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+from attn_course import RMSNorm, TransformerBlock
+
+def make_model(vocab_size):
+    d, layers, heads = 64, {LAYERS}, 4
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(vocab_size, d)
+            self.blocks = nn.ModuleList(TransformerBlock(d, heads, heads, {BLOCK_ARGS}) for _ in range(layers))
+            self.norm, self.head = RMSNorm(d), nn.Linear(d, vocab_size, bias=False)
+
+        def forward(self, codes):
+            x = self.embed(codes)
+            for b in self.blocks:
+                x = b(x)
+            return self.head(self.norm(x))
+{STEP}
+    return M()
+'''
+
+_RECOMPUTE_STEP = '''
+        def step(self, code, cache):              # the "cache" is the token codes: re-run forward on the prefix
+            codes = code.to({CODE_DTYPE}) if cache is None else torch.cat([cache, code.to({CODE_DTYPE})], 1)
+            return self.forward(codes.long())[:, -1:], codes
+
+        def kv_cache_bytes(self, n):
+            return n * {CODE_BYTES}
+'''
+
+# H14-2 (cap_exploit.py): a 3-layer full-MHA model whose step keeps only the token codes, 1 byte per token
+RECOMPUTE_CODES = _MHA_BLOCKS.replace("{LAYERS}", "3").replace("{BLOCK_ARGS}", "ffn_dim=128").replace(
+    "{STEP}", _RECOMPUTE_STEP.replace("{CODE_DTYPE}", "torch.uint8").replace("{CODE_BYTES}", "1"))
+# the same with the codes stored as float32 (4 bytes per token): passes the floating-point rule, not the work rule
+RECOMPUTE_FLOAT_CODES = _MHA_BLOCKS.replace("{LAYERS}", "3").replace("{BLOCK_ARGS}", "ffn_dim=128").replace(
+    "{STEP}", _RECOMPUTE_STEP.replace("{CODE_DTYPE}", "torch.float32").replace("{CODE_BYTES}", "4"))
+
+_WINDOW_STEP = '''
+        def step(self, code, cache):              # a 64-slot rolling cache per layer
+            W = 64
+            t = 0 if cache is None else cache["t"]
+            x, new = self.embed(code), {"t": t + 1, "kv": []}
+            for i, b in enumerate(self.blocks):
+                q, k, v = b.qkv(b.norm1(x), torch.tensor([t]))
+                if cache is None:
+                    K = torch.zeros(k.shape[0], k.shape[1], W, k.shape[3]); V = torch.zeros_like(K)
+                else:
+                    K, V = (c.clone() for c in cache["kv"][i])
+                K[:, :, t % W] = k[:, :, 0]; V[:, :, t % W] = v[:, :, 0]
+                filled = torch.arange(W) <= t
+                y = F.scaled_dot_product_attention(q, K, V, attn_mask=filled[None, :])
+                new["kv"].append((K, V))
+                x = x + b.attn.out_proj(y.transpose(1, 2).flatten(2))
+                x = x + b.ffn(b.norm2(x))
+            return self.head(self.norm(x)), new
+
+        def kv_cache_bytes(self, n):
+            return 2 * 2 * 4 * 16 * 4 * min(n, 64)
+'''
+
+# M14-1 (cap_exploit.py): plain MHA (4 KV heads) with a sliding window of 64 and a 64-slot rolling cache: 512 B/token
+WINDOW_64 = _MHA_BLOCKS.replace("{LAYERS}", "2").replace("{BLOCK_ARGS}", "window=64").replace("{STEP}", _WINDOW_STEP)
+
+# Low (buffers are free): a trigram table counted from the training text (128³ entries) held in a buffer beside
+# the course's kind of GQA model: 2,097,152 numbers the parameter count used to miss
+BUFFER_TABLE = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+from attn_course import RMSNorm, TransformerBlock
+from attn_course.demos.textlm import TextData
+
+def make_model(vocab_size):
+    D, H, HKV, N = 64, 4, 2, 2
+    train = TextData().train
+    table = torch.ones(vocab_size, vocab_size, vocab_size)
+    table.index_put_((train[:-2], train[1:-1], train[2:]), torch.ones(len(train) - 2), accumulate=True)
+
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(vocab_size, D)
+            self.blocks = nn.ModuleList(TransformerBlock(D, H, HKV) for _ in range(N))
+            self.norm, self.head = RMSNorm(D), nn.Linear(D, vocab_size, bias=False)
+            self.register_buffer("trigram", (table / table.sum(-1, keepdim=True)).log(), persistent=False)
+
+        def forward(self, codes):
+            x = self.embed(codes)
+            for b in self.blocks:
+                x = b(x)
+            prev = torch.cat([codes[:, :1], codes[:, :-1]], 1)
+            return self.head(self.norm(x)) + self.trigram[prev, codes]
+
+        def step(self, code, cache):
+            t = 0 if cache is None else cache["kv"][0][0].shape[2]
+            prev = code if cache is None else torch.full_like(code, cache["prev"])
+            x, new = self.embed(code), []
+            for i, b in enumerate(self.blocks):
+                q, k, v = b.qkv(b.norm1(x), torch.tensor([t]))
+                if cache is not None:
+                    k, v = torch.cat([cache["kv"][i][0], k], 2), torch.cat([cache["kv"][i][1], v], 2)
+                new.append((k, v))
+                y = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+                x = x + b.attn.out_proj(y.transpose(1, 2).flatten(2))
+                x = x + b.ffn(b.norm2(x))
+            return self.head(self.norm(x)) + self.trigram[prev, code], {"kv": new, "prev": int(code[0, 0])}
+
+        def kv_cache_bytes(self, n_tokens):
+            return N * 2 * HKV * (D // H) * 4 * n_tokens
+
+    return LM()
+'''
+
+# the review's shortcuts: (cell, the point it must lose, a substring of that point's hint)
+SHORTCUTS = {
+    "recompute, token codes": (RECOMPUTE_CODES, "kv", "integer or boolean elements"),
+    "recompute, float codes": (RECOMPUTE_FLOAT_CODES, "kv", "re-runs the model over the prefix"),
+    "MHA + window 64": (WINDOW_64, "kv", "does not change the logits at the last position"),
+    "trigram table in a buffer": (BUFFER_TABLE, "parameters", "parameters and buffers, over the budget"),
+}
 
 CELLS["16_capstone"] = ("make_model", _ALIBI_MQA, [
     (_gqa(D=96, HKV=1), "over the budget of 150,000"),                 # 219k parameters

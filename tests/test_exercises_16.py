@@ -1,4 +1,4 @@
-"""Exercise set 14, the capstone (an open exercise): the course's design scores full marks, the released stub 0,
+"""Exercise set 16, the capstone (an open exercise): the course's design scores full marks, the released stub 0,
 each typical failure loses the point the prompt says, and ``attn-course grade`` ranks a class on a leaderboard.
 
 Most tests shorten the training recipe (monkeypatched steps) where the loss is not their point; the loss tests
@@ -21,9 +21,11 @@ from attn_course.grading import check
 from attn_course.grading import notebook as nbk
 from attn_course.grading.cli import main as cli
 from attn_course.grading.exercises import get, lesson16
+from attn_course.grading import runner
 from attn_course.grading.runner import leaderboard_rows
+from attn_course.grading.selfcheck import exercise_seed, held_out_cases, held_out_seed
 from exercise_kit import results
-from learner_cells_16 import CELLS, _ALIBI_MQA, _BIGRAM, _gqa
+from learner_cells_16 import CELLS, SHORTCUTS, WINDOW_64, _ALIBI_MQA, _BIGRAM, _gqa
 
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "16_capstone_tiny_language_model"
@@ -69,13 +71,46 @@ def test_cases_are_drawn_from_the_seed():
     ex = get("16_capstone")
     a, b = (ex.cases(torch.Generator().manual_seed(s)) for s in (0, 1))
     assert a[0].params["seed"] != b[0].params["seed"]
-    assert not torch.equal(a[LOSS].inputs["x"], b[LOSS].inputs["x"])
+    assert not torch.equal(a[LOSS].inputs["probe"], b[LOSS].inputs["probe"])
+    assert not torch.equal(a[KV].inputs["a"], b[KV].inputs["a"])
     x, probe = a[LOSS].inputs["x"], a[LOSS].inputs["probe"]
     half = x.shape[1] // 2
-    assert torch.equal(x[:, :half], probe[:, :half]) and not torch.equal(x[:, half:], probe[:, half:])
-    val = TextData().val                                 # the held-out windows are held-out text
-    text = bytes(val.tolist())
-    assert all(bytes(w.tolist()) in text for w in a[LOSS].inputs["x"][:5])
+    assert torch.equal(x[:len(probe), :half], probe[:, :half]) and not torch.equal(x[:len(probe), half:], probe[:, half:])
+    swap, seq = a[KV].inputs["swap"], a[KV].inputs["a"][0]
+    assert (swap != seq).all() and ((32 <= swap) & (swap < 127)).all()            # another printable character
+
+
+def test_the_loss_is_measured_on_the_whole_held_out_split_at_the_cache_length():
+    """125 consecutive windows of 128 characters (the KV cache's length) cover the held-out text: every character
+    but the last few is predicted exactly once, from the character before it."""
+    val = TextData().val
+    x, y = get("16_capstone").cases(torch.Generator().manual_seed(0))[LOSS].inputs["x"], \
+        get("16_capstone").cases(torch.Generator().manual_seed(0))[LOSS].inputs["y"]
+    assert x.shape == (125, lesson16.KV_CONTEXT) == (len(val) // lesson16.KV_CONTEXT, 128)
+    assert torch.equal(x.flatten(), val[:x.numel()]) and torch.equal(y.flatten(), val[1:x.numel() + 1])
+    assert len(val) - 1 - x.numel() < lesson16.KV_CONTEXT
+    logits = torch.randn(*x.shape, 128, generator=torch.Generator().manual_seed(1))
+    loss, se = lesson16.loss_with_se(logits, y)
+    per = torch.stack([F.cross_entropy(logits[i].double(), y[i]) for i in range(len(x))])   # per window
+    assert math.isclose(loss, float(per.mean()), rel_tol=1e-12)
+    assert math.isclose(se, float(per.std()) / math.sqrt(len(x)), rel_tol=1e-9)
+    assert math.isclose(loss, lesson16.heldout_loss(logits, y), rel_tol=1e-12)
+
+
+def test_one_seed_for_the_whole_class():
+    """The capstone ranks a class: its held-out cases do not depend on the learner's cell (editing a comment
+    re-rolls nothing), while an exercise without a leaderboard still draws per cell."""
+    ex = get("16_capstone")
+    src = solution_source()
+    edited = src.replace("# A GQA decoder", "# my comment, edited: a GQA decoder")
+    assert edited != src and held_out_seed(edited) != held_out_seed(src)
+    assert exercise_seed(ex, src) == exercise_seed(ex, edited) == exercise_seed(ex, None)
+    a, b = held_out_cases(ex, exercise_seed(ex, src)), held_out_cases(ex, exercise_seed(ex, edited))
+    assert [c.params for c in a] == [c.params for c in b]
+    assert all(torch.equal(ca.inputs[k], cb.inputs[k]) for ca, cb in zip(a, b) for k in ca.inputs)
+    from attn_course.grading.exercises import registry
+    other = next(e for e in registry().values() if not e.rank_by)
+    assert exercise_seed(other, src) != exercise_seed(other, edited) == held_out_seed(edited)
 
 
 # ---- the course's design, the stub and the bar ----------------------------------------------------------
@@ -84,7 +119,8 @@ def test_solution_scores_full_marks_with_the_real_recipe(capsys):
     result = check("16_capstone", cell(solution_source()))
     out = capsys.readouterr().out
     assert result.passed and result.score == 4, out
-    assert "108,928 parameters" in out and "512 bytes per token" in out
+    assert "108,928 parameters and buffers" in out and "512 bytes per token" in out
+    assert "1.00× the work at token 8, every token reaches the last" in out
 
 
 def test_released_stub_scores_zero(capsys):
@@ -104,8 +140,8 @@ def test_the_bar_separates_a_model_that_attends_from_one_that_does_not(capsys):
     bigram = float(-(bi / bi.sum(1, keepdim=True))[data.val[:-1], data.val[1:]].log().mean())
     assert bigram > lesson16.BAR + 0.2
     res = results("16_capstone", cell(_BIGRAM), seed=5)
-    assert [ok for ok, _ in res] == [True, True, True, False], res
-    assert "is not below the bar" in res[LOSS][1]
+    assert [ok for ok, _ in res] == [True, True, False, False], res
+    assert "is not below the bar" in res[LOSS][1] and "does not change the logits at the last" in res[KV][1]
     loss = float(res[LOSS][1].split("held-out loss ")[1].split()[0])
     assert lesson16.BAR < loss < bigram + 0.2
 
@@ -114,7 +150,7 @@ def test_the_bar_separates_a_model_that_attends_from_one_that_does_not(capsys):
 
 def test_over_budget_loses_the_parameter_point_and_its_loss_does_not_count(short):
     res = results("16_capstone", cell(_gqa(D=96, HKV=1)))
-    assert not res[PARAMS][0] and "218,592 parameters, over the budget of 150,000" in res[PARAMS][1]
+    assert not res[PARAMS][0] and "218,592 parameters and buffers, over the budget of 150,000" in res[PARAMS][1]
     assert res[DECODE][0] and res[KV][0]
     assert not res[LOSS][0] and "does not count" in res[LOSS][1]
 
@@ -171,11 +207,92 @@ def test_not_a_module(short):
     assert not any(ok for ok, _ in res) and "must return a torch.nn.Module" in res[PARAMS][1]
 
 
+# ---- the review's shortcuts score below full marks (review 2026-11-26 08-14, H14-2, M14-1, Low) ------------
+
+@pytest.mark.parametrize("name", list(SHORTCUTS))
+def test_every_shortcut_of_the_review_scores_below_full_marks(short, name):
+    """Each shortcut loses the point its rule names, with that rule's hint; the short recipe is enough, since the
+    point it loses does not depend on training (the loss point is the real recipe's, see the end-to-end test)."""
+    source, point, hint = SHORTCUTS[name]
+    res = results("16_capstone", cell(source))
+    i = {"parameters": PARAMS, "kv": KV}[point]
+    assert not res[i][0] and hint in res[i][1], res
+    assert res[DECODE][0], res                                   # each decodes correctly: it is not a broken model
+    assert get("16_capstone").score(sum(ok for ok, _ in res), 4) < 4
+
+
+def test_step_work_growth_separates_recomputation_from_a_cache(short):
+    """FLOPs of step at token 128 over token 8, counted with FlopCounterMode: recomputing the prefix grows by
+    128/8 = 16 (the float-code recompute cell), a hand-written attention over a real cache (ALiBi + MQA) by
+    1 + (attention per cached token × 120) / the rest — well under STEP_GROWTH; SDPA's is not counted (1.00)."""
+    res = results("16_capstone", cell(SHORTCUTS["recompute, float codes"][0]))
+    assert "16.0× the" in res[KV][1] and f"limit {lesson16.STEP_GROWTH:g}×" in res[KV][1]
+    ok, note = results("16_capstone", cell(_ALIBI_MQA))[KV]
+    growth = float(note.split("step at token 128: ")[1].split("×")[0])
+    # by hand: per layer, q·k and a·v over t cached tokens cost 4 · (4 heads · 16) · t FLOPs; the rest is fixed
+    assert ok and 1.2 < growth < 2 < lesson16.STEP_GROWTH < 128 / 8
+
+
+def test_a_window_of_64_is_not_free(short):
+    """M14-1: MHA with a window of 64 and a 64-slot rolling cache holds 512 bytes per token at 128 tokens, but two
+    windowed layers reach 2 · 63 = 126 tokens back: token 0 never reaches position 127, so its cache does not
+    serve the 128-token context it is measured at (the KV point), and its forward at 128 differs from the same
+    weights without the window (the loss, measured at 128, pays for the context it drops)."""
+    res = results("16_capstone", cell(WINDOW_64))
+    assert not res[KV][0] and "changing token 0 (of 128)" in res[KV][1] and "1 of the 127" in res[KV][1]
+    torch.manual_seed(0)
+    windowed = cell(WINDOW_64)(128).eval()
+    full = cell(WINDOW_64)(128).eval()
+    full.load_state_dict(windowed.state_dict())
+    for b in full.blocks:
+        b.window = None
+    x = TextData().val[:128][None]
+    with torch.no_grad():
+        assert torch.allclose(windowed(x)[:, :64], full(x)[:, :64], atol=1e-5)      # within the window: the same
+        assert not torch.allclose(windowed(x)[:, 64:], full(x)[:, 64:], atol=1e-3)  # beyond it: context is lost
+    assert results("16_capstone", cell(WINDOW_64.replace("window=64", "window=65").replace("W = 64", "W = 65")
+                                       .replace("min(n, 64)", "min(n, 65)")))[KV][1].startswith("after 128 tokens")
+
+
+def test_the_time_limit_is_derived_from_the_solution_run(monkeypatch):
+    """calibrate(): the capstone's limit is TIME_FACTOR × the course's solution's measured run, never below
+    --timeout; a lesson without time_factor keeps --timeout."""
+    course = runner.Course(ROOT)
+    seen = []
+
+    def fake(sub, course_, opts):
+        seen.append(opts.timeout)
+        return {"error": None, "total": 4.0, "max_score": 4.0, "exercises": {}, "_runs_seconds": [30.0]}
+    monkeypatch.setattr(runner, "grade_submission", fake)
+    opts = runner.Options(timeout=60)
+    runner.calibrate(course, [STEM], opts)
+    assert opts.lesson_timeout == {STEM: lesson16.TIME_FACTOR * 30.0} and seen == [runner.CALIBRATION_TIMEOUT]
+    opts = runner.Options(timeout=500)
+    runner.calibrate(course, [STEM], opts)
+    assert opts.lesson_timeout == {STEM: 500}
+    other = next(lesson for lesson in course.ids if lesson != STEM and course.ids[lesson])
+    opts = runner.Options(timeout=60)
+    runner.calibrate(course, [other], opts)
+    assert opts.lesson_timeout == {} and seen[-1] == 60
+
+
+def test_check_warns_when_a_design_trains_slowly():
+    case = get("16_capstone").cases(torch.Generator().manual_seed(0))[LOSS]
+    x = case.inputs["x"]
+    got = {"logits": torch.zeros(*x.shape, 128), "probe": torch.zeros(*case.inputs["probe"].shape, 128),
+           "parameters": torch.tensor(1000), "flops": torch.tensor(1e8, dtype=torch.float64)}
+    for seconds, warned in ((45.0, False), (51.0, True)):
+        got |= {"seconds": torch.tensor(seconds, dtype=torch.float64), "yardstick": torch.tensor(20.0, dtype=torch.float64)}
+        v = lesson16._judge(got, lesson16._expected(case), case)
+        assert ("⚠ it trained in" in v.hint) == warned and (f"{seconds / 20:.1f}× a model" in v.hint) == warned
+
+
 # ---- the leaderboard -------------------------------------------------------------------------------------
 
-def _report(sid, loss, params=100_000, kv=512.0, flops=0.4, points=4.0, measured=True):
+def _report(sid, loss, params=100_000, kv=512.0, flops=0.4, points=4.0, measured=True, noise=0.05):
     m = {"parameters": params, "parameters within budget": params <= lesson16.PARAM_BUDGET,
          "KV bytes/token": kv, "KV within budget": kv <= lesson16.KV_BUDGET, "held-out loss": loss,
+         "± 2 s.e.": noise,
          "GFLOP per batch": flops, "compute within budget": flops <= lesson16.FLOP_BUDGET / 1e9}
     e = {"points": points, "max_points": 4.0, **({"measured": m} if measured else {})}
     return {"student_id": sid, "exercises": {"16_capstone": e}}
@@ -189,6 +306,18 @@ def test_leaderboard_rows_rank_within_budget_by_loss():
     assert [(r["student_id"], r["rank"]) for r in rows] == [("b", 1), ("f", 2), ("a", 3), ("c", None),
                                                            ("d", None), ("e", None)]
     assert [r["within budget"] for r in rows] == [True, True, True, False, False, False]
+    # within noise: |Δ| ≤ hypot(0.05, 0.05) = 0.0707: b and f (0) tie; a is 0.3 behind both
+    assert [r.get("within noise of") for r in rows] == ["", "#1", "", None, None, None]
+
+
+def test_leaderboard_marks_designs_within_noise():
+    reports = [_report("a", 2.00, noise=0.04), _report("b", 2.05, noise=0.04), _report("c", 2.06, noise=0.01),
+               _report("d", 2.20, noise=0.04), _report("e", 2.21)]
+    rows = leaderboard_rows(reports, "16_capstone")
+    # b − a = 0.05 ≤ hypot(.04, .04) = .057: within noise of #1; c − a = 0.06 > hypot(.04, .01) = .041, but
+    # c − b = 0.01: within noise of #2; d is 0.14 behind c and beyond every noise; e ties d
+    assert [(r["student_id"], r["rank"], r["within noise of"]) for r in rows] == [
+        ("a", 1, ""), ("b", 2, "#1"), ("c", 3, "#2"), ("d", 4, ""), ("e", 5, "#4")]
 
 
 def _notebook(source: str | None, path: Path):
@@ -209,22 +338,31 @@ def test_grade_ranks_a_class_end_to_end(tmp_path):
     _notebook(None, subs / "bob.ipynb")                                          # the released stub
     _notebook(CELLS["16_capstone"][1], subs / "carol.ipynb")                     # MQA + ALiBi by hand
     _notebook(_gqa(HKV=4), subs / "dave.ipynb")                                  # MHA: over the KV budget
+    _notebook(solution_source().replace("# A GQA decoder", "# my own words: a GQA decoder"), subs / "erin.ipynb")
     out = tmp_path / "out"
     assert cli(["grade", str(subs), "--out", str(out), "--jobs", "2", "--timeout", "400", "--quiet"]) == 0
     with open(out / "grades.csv", newline="") as f:
         grades = list(csv.DictReader(f))
     assert list(grades[0]) == ["student_id", "16_capstone", "total", "max_score"]
-    assert {g["student_id"]: g["16_capstone"] for g in grades} == {"alice": "4", "bob": "0", "carol": "4", "dave": "3"}
+    assert {g["student_id"]: g["16_capstone"] for g in grades} == {"alice": "4", "bob": "0", "carol": "4", "dave": "3",
+                                                                  "erin": "4"}
     with open(out / "leaderboard.csv", newline="") as f:
         board = list(csv.DictReader(f))
-    assert list(board[0]) == ["rank", "student_id", "parameters", "KV bytes/token", "held-out loss",
-                              "GFLOP per batch", "within budget", "points"]
+    assert list(board[0]) == ["rank", "within noise of", "student_id", "parameters", "KV bytes/token", "held-out loss",
+                              "± 2 s.e.", "GFLOP per batch", "within budget", "points"]
     by = {r["student_id"]: r for r in board}
     reports = {s: json.loads((out / f"{s}.json").read_text()) for s in by}
-    losses = {s: reports[s]["exercises"]["16_capstone"]["measured"]["held-out loss"] for s in ("alice", "carol")}
-    ranked = sorted(losses, key=losses.get)
-    assert [r["student_id"] for r in board[:2]] == ranked and [r["rank"] for r in board[:2]] == ["1", "2"]
-    assert {r["student_id"]: (r["rank"], r["within budget"]) for r in board[2:]} == {"bob": ("", "no"),
+    measured = {s: reports[s]["exercises"]["16_capstone"]["measured"] for s in by}
+    # one seed for the class: the same design with another comment is trained and measured identically
+    assert measured["erin"]["held-out loss"] == measured["alice"]["held-out loss"]
+    assert reports["erin"]["seeds"] == reports["alice"]["seeds"] == reports["carol"]["seeds"]
+    assert all(0 < measured[s]["± 2 s.e."] < 0.2 for s in ("alice", "carol", "erin"))
+    losses = {s: measured[s]["held-out loss"] for s in ("alice", "carol", "erin")}
+    ranked = sorted(losses, key=lambda s: (losses[s], s))
+    assert [r["student_id"] for r in board[:3]] == ranked and [r["rank"] for r in board[:3]] == ["1", "2", "3"]
+    twin = board[[r["student_id"] for r in board].index("erin")]
+    assert twin["rank"] == "1" or twin["within noise of"] != ""                # a tie is within noise
+    assert {r["student_id"]: (r["rank"], r["within budget"]) for r in board[3:]} == {"bob": ("", "no"),
                                                                                     "dave": ("", "no")}
     assert all(float(by[s]["held-out loss"]) < lesson16.BAR for s in ("alice", "carol", "dave"))
     # independent counts: parameters by building the models here, KV bytes per token from the designs
@@ -234,5 +372,6 @@ def test_grade_ranks_a_class_end_to_end(tmp_path):
                                                                                   2 * 2 * 1 * 16 * 4,
                                                                                   2 * 2 * 4 * 16 * 4]
     md = (out / "leaderboard.md").read_text()
-    assert md.startswith("# Leaderboard — 16_capstone") and f"| 1 | {ranked[0]} |" in md and "| — | bob |" in md
+    assert md.startswith("# Leaderboard — 16_capstone") and f"| 1 |  | {ranked[0]} |" in md and "| — |  | bob |" in md
+    assert "within noise of #k" in md and "one seed for the class" in md
     assert "held-out loss" in (out / "alice.feedback.md").read_text()

@@ -9,6 +9,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from attn_course.grading import notebook as nbk
+from attn_course.grading import release as release_mod
 from attn_course.grading.release import release, release_notebook, render
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -202,3 +203,86 @@ def test_course_check_cells_are_nbgrader_tests():
                     tests[steps[0][1]] = meta["points"]
             lesson = {i: e.points for i, e in reg.items() if i.startswith(path.name[:3])}
             assert tests == lesson, (path.name, tests, lesson)
+
+
+# ---- solution-only text never reaches exercises/ (issue 32; review 2026-11-26 08-14 H14-1) -----------------
+
+DESIGN = "**Our design.** GQA with 2 KV heads, d_model 64: 108,928 parameters."
+
+
+def _with_solution_only(nb):
+    """The toy notebook plus a markdown cell with a solution-only region and a solution-only code cell."""
+    nb = nbformat.from_dict(nbformat.from_dict(nb))
+    nb.cells.append(new_markdown_cell(f"Explain your design here.\n\n{release_mod.MD_BEGIN}\n{DESIGN}\n"
+                                      f"{release_mod.MD_END}\n\n## Summary"))
+    nb.cells.append(new_code_cell("print(f(41), 'the reference answer, computed')", execution_count=6,
+                                  metadata={"tags": [release_mod.SOLUTION_ONLY_TAG]},
+                                  outputs=[new_output("stream", name="stdout", text="42 the reference answer, computed\n")]))
+    return nb
+
+
+def test_solution_only_cells_and_regions_are_not_released():
+    nb = _with_solution_only(_toy_notebook())
+    out = release_notebook(nb)
+    assert len(out.cells) == len(nb.cells) - 1                   # the solution-only cell is gone
+    assert out.cells[-1].source == "Explain your design here.\n\n## Summary"
+    text = render(out)
+    assert "108,928" not in text and "reference answer" not in text and "z = x + y" not in text
+    assert release_mod.leaks(nb, out) == []
+
+
+@pytest.mark.parametrize("plant", ["design pasted into exercises/", "check output kept in exercises/",
+                                   "solution line pasted into exercises/", "mistyped marker"])
+def test_a_planted_leak_fails_release_check(tmp_path, capsys, plant):
+    """Solution-only text in a released notebook — pasted into exercises/ by hand, or left there by a marker
+    that does not parse — fails ``release --check`` with a ``leak:`` line naming it."""
+    nb = _with_solution_only(_toy_notebook())
+    (tmp_path / "solutions").mkdir()
+    sol = tmp_path / "solutions" / "01_toy.ipynb"
+    nbformat.write(nb, str(sol))
+    assert release(tmp_path) == 0 and release(tmp_path, check=True) == 0
+    capsys.readouterr()
+    target = tmp_path / "exercises" / "01_toy.ipynb"
+    shipped = nbformat.read(str(target), as_version=4)
+    if plant == "design pasted into exercises/":
+        shipped.cells[-1].source += "\n\n" + DESIGN
+        line = DESIGN
+    elif plant == "check output kept in exercises/":
+        shipped.cells[2].outputs = [new_output("stream", name="stdout", text="✓ every case passed: 3/3 points\n")]
+        nb.cells[2].outputs = shipped.cells[2].outputs
+        nbformat.write(nb, str(sol))
+        release(tmp_path)
+        capsys.readouterr()
+        line = "✓ every case passed: 3/3 points"
+    elif plant == "solution line pasted into exercises/":
+        nb.cells[1].source = nb.cells[1].source.replace("z = x + y", "z = x + y  # the sum of x and y")
+        nbformat.write(nb, str(sol))
+        release(tmp_path)
+        capsys.readouterr()
+        shipped = nbformat.read(str(target), as_version=4)
+        shipped.cells[0].source += "\n    z = x + y  # the sum of x and y"
+        line = "z = x + y  # the sum of x and y"
+    else:
+        nb.cells[-2].source = nb.cells[-2].source.replace(release_mod.MD_END, "<!-- END SOLUTION-->")
+        nbformat.write(nb, str(sol))
+        assert release(tmp_path) == 1                            # release itself refuses too
+        out = capsys.readouterr().out
+        assert "malformed solution marker '<!-- END SOLUTION-->'" in out, out
+        line = None
+    if line is not None:
+        nbformat.write(shipped, str(target))
+    assert release(tmp_path, check=True) == 1
+    out = capsys.readouterr().out
+    want = "malformed solution marker" if line is None else f"leak: exercises/01_toy.ipynb: {line!r}"
+    assert want in out, out
+
+
+def test_the_capstone_releases_no_reference_design():
+    """exercises/16_…: none of the course's design — its hyperparameters, its measured numbers, its explanation."""
+    text = (ROOT / "exercises" / "16_capstone_tiny_language_model.ipynb").read_text()
+    for secret in ("108,928", "kv_heads = 64, 2, 4, 2", "grouped-query\\nattention with 2 KV heads", "GQA decoder",
+                   "The course's design", "512 bytes per token", "held-out loss 2"):
+        assert secret not in text, secret
+    sol = nbk.read(ROOT / "solutions" / "16_capstone_tiny_language_model.ipynb")
+    assert release_mod.leaks(sol, release_notebook(sol)) == []
+    assert "108,928" in render(sol) and "The course's design" in render(sol)      # what the strip removed

@@ -13,6 +13,12 @@ locked nbgrader autograder-test cell (``grade: true, locked: true, solution: fal
 grade_id: "<id>_test"``) whose value — the score ``check()`` returns — is the partial credit nbgrader
 records. ``--check`` reports every cell whose metadata disagrees (see :func:`grading_problems`).
 
+Solution-only text never reaches ``exercises/``: a cell tagged ``solution-only`` (its ``metadata.tags``) is
+dropped with its outputs, and a markdown region between the lines ``<!-- BEGIN SOLUTION -->`` and
+``<!-- END SOLUTION -->`` is removed with its markers (e.g. the course's own answer to an open exercise, written
+under the learner's "explain your design" prompt). :func:`leaks` then checks the released notebook against every
+solution-only line (solution regions, solution-only cells and regions, the outputs the release clears); a leak
+fails ``release`` and ``release --check``.
 It also stamps the Colab install source (:mod:`attn_course._colab`, the one place naming the repository
 and the ``v<version>`` tag) into the setup cell of every notebook in ``notebooks/``, ``solutions/`` and
 ``exercises/``, and an "Open in Colab" badge for that notebook into its first markdown cell; ``--check``
@@ -29,12 +35,15 @@ import nbformat
 
 from . import notebook as nbk
 
-__all__ = ["find_root", "release_notebook", "stamp_notebook", "stamp_grading", "grading_problems",
+__all__ = ["find_root", "release_notebook", "leaks", "SOLUTION_ONLY_TAG", "MD_BEGIN", "MD_END", "stamp_notebook", "stamp_grading", "grading_problems",
            "test_cell_metadata", "exercise_cell_metadata", "render", "release", "lint"]
 
 SETUP_MARKER = 'find_spec("attn_course")'
 README_BADGE_TARGET = "notebooks/01_scaled_dot_product_attention.ipynb"
-STAMPED_FOLDERS = ("notebooks", "solutions")    # stamped in place; exercises/ is stamped when generated
+STAMPED_FOLDERS = ("notebooks", "solutions")
+SOLUTION_ONLY_TAG = "solution-only"             # a cell with this tag is not released (nor its outputs)
+MD_BEGIN, MD_END = "<!-- BEGIN SOLUTION -->", "<!-- END SOLUTION -->"    # a markdown region that is not released
+LEAK_MIN_CHARS = 16                             # shorter solution-only lines are too generic to call a leak    # stamped in place; exercises/ is stamped when generated
 
 
 def find_root(start: str | Path | None = None) -> Path:
@@ -47,9 +56,43 @@ def find_root(start: str | Path | None = None) -> Path:
     return Path(__file__).resolve().parents[2]
 
 
+def _solution_only(cell) -> bool:
+    return SOLUTION_ONLY_TAG in (cell.metadata.get("tags") or [])
+
+
+def _md_regions(src: str) -> list[tuple[int, int]]:
+    """(first, last) line indices of each ``<!-- BEGIN SOLUTION -->`` … ``<!-- END SOLUTION -->`` region, markers
+    included; an unclosed region runs to the cell's end (never released by mistake)."""
+    regions, start = [], None
+    lines = src.split("\n")
+    for i, line in enumerate(lines):
+        if line.strip() == MD_BEGIN and start is None:
+            start = i
+        elif line.strip() == MD_END and start is not None:
+            regions.append((start, i))
+            start = None
+    if start is not None:
+        regions.append((start, len(lines) - 1))
+    return regions
+
+
+def _strip_md_regions(src: str) -> str:
+    lines, keep = src.split("\n"), []
+    drop = {i for a, b in _md_regions(src) for i in range(a, b + 1)}
+    keep = [line for i, line in enumerate(lines) if i not in drop]
+    text = "\n".join(keep)
+    while "\n\n\n" in text:                                   # the blank lines around a removed region
+        text = text.replace("\n\n\n", "\n\n")
+    return text.strip("\n")
+
+
 def release_notebook(nb) -> nbformat.NotebookNode:
     """The learner's version of a solutions notebook (a new object; ``nb`` is not modified)."""
     out = copy.deepcopy(nb)
+    out.cells = [c for c in out.cells if not _solution_only(c)]
+    for cell in out.cells:
+        if cell.cell_type == "markdown" and _md_regions(nbk.source_of(cell)):
+            cell.source = _strip_md_regions(nbk.source_of(cell))
     ids = set()
     for cell in out.cells:
         gid = nbk.grade_id(cell)
@@ -68,6 +111,62 @@ def release_notebook(nb) -> nbformat.NotebookNode:
                 cell.outputs = []
                 cell.execution_count = None
     return out
+
+
+def _output_text(cell) -> str:
+    parts = []
+    for o in cell.get("outputs", []) if cell.cell_type == "code" else []:
+        for v in ([o.get("text", "")] + [o.get("data", {}).get(k, "") for k in ("text/plain", "text/html",
+                                                                                "text/markdown")]):
+            parts.append(v if isinstance(v, str) else "".join(v))
+    return "\n".join(parts)
+
+
+def _lines(text: str) -> set[str]:
+    """The stripped lines of ``text`` long enough to be specific (:data:`LEAK_MIN_CHARS`)."""
+    return {line.strip() for line in text.split("\n") if len(line.strip()) >= LEAK_MIN_CHARS}
+
+
+def leaks(solution, released) -> list[str]:
+    """Solution-only lines of ``solution`` that ``released`` still holds (in a cell's source or outputs): the
+    lines of every solution region, of solution-only cells and markdown regions, and the outputs of the cells
+    whose outputs the release clears (exercise and check cells) — each line of at least
+    :data:`LEAK_MIN_CHARS` characters that appears nowhere else in ``solution`` (not even inside a longer line) —
+    and every malformed solution marker in a markdown cell (a region it fails to open or close would be
+    released). Empty when nothing leaks."""
+    public, secret = [], []
+    for cell in solution.cells:
+        src = nbk.source_of(cell)
+        if _solution_only(cell):
+            secret += [src, _output_text(cell)]
+            continue
+        lines = src.split("\n")
+        if nbk.grade_id(cell) is not None:
+            try:
+                regions = [(a, b) for a, b, _ in nbk.solution_regions(src)]
+            except ValueError:
+                regions = [(0, len(lines) - 1)]
+            secret.append(_output_text(cell))
+        elif cell.cell_type == "markdown":
+            regions = _md_regions(src)
+            if nbk.BEGIN in src:                                # nbgrader-style written answer
+                try:
+                    regions += [(a, b) for a, b, _ in nbk.solution_regions(src)]
+                except ValueError:
+                    regions += [(0, len(lines) - 1)]
+        else:
+            regions = []
+            is_check = any(step[0] == "capture" for step in nbk.split_checks(src))
+            (secret if is_check else public).append(_output_text(cell))
+        inside = {i for a, b in regions for i in range(a, b + 1)}
+        secret.append("\n".join(line for i, line in enumerate(lines) if i in inside))
+        public.append("\n".join(line for i, line in enumerate(lines) if i not in inside))
+    problems = [f"malformed solution marker {line.strip()!r} (write {MD_BEGIN} / {MD_END} on lines of their own)"
+                for c in solution.cells if c.cell_type == "markdown" for line in nbk.source_of(c).split("\n")
+                if "<!--" in line and "SOLUTION" in line.upper() and line.strip() not in (MD_BEGIN, MD_END)]
+    known = "\n".join(public)                               # e.g. a line the prompt quotes is no secret
+    shown = "\n".join(nbk.source_of(c) + "\n" + _output_text(c) for c in released.cells)
+    return problems + sorted(line for line in set().union(*map(_lines, secret)) if line in shown and line not in known)
 
 
 def stamp_notebook(nb, path: str) -> nbformat.NotebookNode:
@@ -238,7 +337,7 @@ def exercise_table(stems: list[str]) -> str:
 def release(root: str | Path | None = None, *, check: bool = False, stream=None) -> int:
     """Stamp the Colab install source and badges (:func:`stamp_notebook`) and regenerate ``exercises/``
     (or, with ``check``, only compare). Returns the exit code: 1 when ``check`` finds a stale, missing or
-    orphaned exercises notebook, a stale Colab stamp (notebooks/, solutions/, README) or nbgrader
+    orphaned exercises notebook, solution-only text in a released notebook (:func:`leaks`), a stale Colab stamp (notebooks/, solutions/, README) or nbgrader
     metadata of ``solutions/`` that disagrees with the registry (:func:`grading_problems`), else 0. Authoring problems
     (see :func:`lint`) are printed as warnings."""
     stream = stream or sys.stdout
@@ -251,6 +350,7 @@ def release(root: str | Path | None = None, *, check: bool = False, stream=None)
         return 2
     stale = []
     metadata_problems = []
+    leaked: list[str] = []
     for folder in STAMPED_FOLDERS:                                  # the Colab stamp, in place
         for path in sorted((root / folder).glob("*.ipynb")):
             nb = nbk.read(path)
@@ -275,9 +375,17 @@ def release(root: str | Path | None = None, *, check: bool = False, stream=None)
         nb = stamp_notebook(stamp_grading(nbk.read(path)), f"solutions/{path.name}")
         for problem in lint(nb, path.name):
             print(f"warning: {problem}", file=sys.stderr)
-        text = render(stamp_notebook(release_notebook(nb), f"exercises/{path.name}"))
+        released = stamp_notebook(release_notebook(nb), f"exercises/{path.name}")
+        text = render(released)
         target = ex_dir / path.name
         current = target.read_text(encoding="utf-8") if target.exists() else None
+        shipped = released                                          # --check: the file as it is on disk
+        if check and current is not None:
+            try:
+                shipped = nbformat.reads(current, as_version=4)
+            except Exception:
+                shipped = released
+        leaked += [f"exercises/{path.name}: {line!r}" for line in leaks(nb, shipped)]
         if current == text:
             continue
         stale.append(target)
@@ -302,13 +410,17 @@ def release(root: str | Path | None = None, *, check: bool = False, stream=None)
             print(f"stale: {p.relative_to(root)} ({what}; run `attn-course release`)", file=stream)
         for p in orphans:
             print(f"orphan: {p.relative_to(root)} has no solutions/{p.name}", file=stream)
-        if not stale and not orphans:
+        for line in leaked:
+            print(f"leak: {line} (solution-only text in the released notebook)", file=stream)
+        if not stale and not orphans and not leaked:
             print(f"exercises/ is up to date ({len(sources)} notebooks)", file=stream)
-        return 1 if stale or orphans or metadata_problems else 0
+        return 1 if stale or orphans or metadata_problems or leaked else 0
+    for line in leaked:
+        print(f"leak: {line} (solution-only text in the released notebook: mark it solution-only)", file=stream)
     for p in orphans:
         p.unlink()
         print(f"removed {p.relative_to(root)} (no solutions/{p.name})", file=stream)
     stamped = sum(p.parent != ex_dir and p != table for p in stale)
     print(f"released {len(sources)} notebooks into exercises/ ({len(stale) - stamped} changed); "
           f"Colab stamp updated in {stamped} notebooks", file=stream)
-    return 0
+    return 1 if leaked else 0

@@ -10,7 +10,8 @@ For each submission the grader (this process, trusted; it never imports or execu
    ``check("<id>", expr)`` cell turned into "capture ``expr`` for exercise ``<id>``";
 3. draws every exercise's inputs (held out: seeded by the exercise id and a hash of the learner's
    exercise cell, :func:`~attn_course.grading.selfcheck.held_out_seed` — the inputs ``check()`` draws
-   under nbgrader autograde — or by ``--seed``) and writes them as safetensors;
+   under nbgrader autograde — or by ``--seed``; an exercise with a leaderboard gives the whole class one
+   seed, :func:`~attn_course.grading.selfcheck.exercise_seed`) and writes them as safetensors;
 4. runs the program in a child process (:mod:`._child`): ``python -I`` (isolated), scrubbed environment,
    a fresh temporary working directory, its own session/process group, resource limits (address space,
    CPU seconds, file size, open files, core dumps) and a wall-clock timeout, after which the whole
@@ -28,6 +29,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -36,7 +38,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -44,7 +46,7 @@ import torch
 from . import notebook as nbk
 from .exercises import registry
 from .release import find_root
-from .selfcheck import held_out_cases, held_out_seed, judge_case
+from .selfcheck import exercise_seed, held_out_cases, judge_case
 from .spec import Case, Exercise, validate
 
 __all__ = ["Options", "Course", "grade_batch", "grade_submission", "collect", "grade_cli"]
@@ -63,6 +65,8 @@ class Options:
     seed: int | None = None            # None: from each submission's content
     jobs: int = 1
     python: str = sys.executable
+    lesson_timeout: dict = field(default_factory=dict)   # lesson -> its own limit, set by calibrate() from the
+    #   course's solution's measured run for a lesson with ``Exercise.time_factor`` (never below ``timeout``)
 
 
 # ---- the course: trusted solutions notebooks -------------------------------------------------------------
@@ -328,10 +332,14 @@ def _grade_into(report: dict, sub: Submission, course: Course, opts: Options) ->
         return
     reg = registry()
     ids = course.ids[lesson]
+    if lesson in opts.lesson_timeout:                        # e.g. the capstone: TIME_FACTOR x the solution's run
+        opts = replace(opts, timeout=max(opts.timeout, opts.lesson_timeout[lesson]))
+    report["_time_limit_s"] = round(opts.timeout, 1)        # private: measured, so not written (determinism)
     report["lesson"] = lesson
     report["max_score"] = course.max_score(lesson)
-    # held-out inputs: per exercise, from the learner's cell (the same as check() under nbgrader autograde)
-    bases = {i: opts.seed if opts.seed is not None else held_out_seed(sources.get(i)) for i in ids}
+    # held-out inputs: per exercise, from the learner's cell (the same as check() under nbgrader autograde);
+    # one seed for the whole class where the exercise ranks a class (exercise_seed)
+    bases = {i: opts.seed if opts.seed is not None else exercise_seed(reg[i], sources.get(i)) for i in ids}
     report["seeds"] = bases
     cases = {i: held_out_cases(reg[i], bases[i]) for i in ids}
 
@@ -596,21 +604,34 @@ def check_not_empty(paths: list[str | Path]) -> None:
                              + ": give the folder of learners' .ipynb files (one per learner, or one folder per learner)")
 
 
+CALIBRATION_TIMEOUT = 900.0             # the most a lesson's solution may take when its limit is derived from it
+
+
 def calibrate(course: Course, lessons: list[str], opts: Options) -> None:
     """Grade the trusted ``solutions/`` notebook of every lesson in the batch under ``opts`` first: if the
     course's own solutions lose a point (a timeout or memory limit too small for this machine), the
-    settings are at fault, not the learners — raise :class:`SettingsError` before anyone is graded."""
+    settings are at fault, not the learners — raise :class:`SettingsError` before anyone is graded.
+
+    A lesson with an exercise whose ``time_factor`` is set (the capstone) gets its own time limit, derived here
+    from the measurement: ``time_factor`` × the seconds the solution's run took on this machine, now (under a
+    ceiling of :data:`CALIBRATION_TIMEOUT` for that run), and never below ``--timeout``; it is stored in
+    ``opts.lesson_timeout``."""
+    reg = registry()
     for lesson in lessons:
         path = course.root / "solutions" / f"{lesson}.ipynb"
-        r = grade_submission(Submission(path, "course solutions"), course, opts)
+        factor = max([reg[i].time_factor for i in course.ids[lesson]] + [0.0])
+        run_opts = replace(opts, timeout=max(opts.timeout, CALIBRATION_TIMEOUT)) if factor > 0 else opts
+        r = grade_submission(Submission(path, "course solutions"), course, run_opts)
         if r["error"] or r["total"] < r["max_score"]:
             lost = [f"{i}: {e['cases'][0]['hint'] if e['cases'] else e['status']}" for i, e in r["exercises"].items()
                     if e["points"] < e["max_points"]][:3]
             raise SettingsError(
                 f"the course's own solutions to {lesson} score {_fmt(r['total'])}/{_fmt(r['max_score'])} under "
-                f"--timeout {opts.timeout:g} --memory {opts.memory_mb} on this machine"
+                f"--timeout {run_opts.timeout:g} --memory {opts.memory_mb} on this machine"
                 + (f" ({r['error']})" if r["error"] else f" ({'; '.join(_short(x, 160) for x in lost)})")
                 + ": these settings would charge learners for them; raise --timeout / --memory and grade again")
+        if factor > 0:
+            opts.lesson_timeout[lesson] = max(opts.timeout, factor * max(r.get("_runs_seconds") or [0.0]))
 
 
 def _lessons_of(subs: list[Submission], course: Course) -> list[str]:
@@ -702,10 +723,22 @@ def leaderboard_rows(reports: list[dict], ex_id: str) -> list[dict]:
     ranked = sorted((row for row in rows if row["within budget"]), key=lambda row: (row[ex.rank_by], row["student_id"]))
     for n, row in enumerate(ranked, 1):
         row["rank"] = n
+        if ex.rank_noise:                          # the first better-ranked row it cannot be told apart from
+            row["within noise of"] = next((f"#{other['rank']}" for other in ranked[:n - 1]
+                                           if _within_noise(row, other, ex)), "")
     rest = sorted((row for row in rows if not row["within budget"]), key=lambda row: row["student_id"])
     for row in rest:
         row["rank"] = None
     return ranked + rest
+
+
+def _within_noise(a: dict, b: dict, ex) -> bool:
+    """|a − b| ≤ the two rows' noises combined (each ``rank_noise`` is already ± 2 s.e.: independent errors add in
+    quadrature); a row without its noise is never within noise."""
+    na, nb = a.get(ex.rank_noise), b.get(ex.rank_noise)
+    if not all(isinstance(v, (int, float)) and v == v for v in (na, nb)):
+        return False
+    return abs(a[ex.rank_by] - b[ex.rank_by]) <= math.hypot(na, nb)
 
 
 def _budget_keys(reports: list[dict], ex_id: str) -> set[str]:
@@ -725,7 +758,10 @@ def write_leaderboards(reports: list[dict], ex_ids: list[str], out: Path) -> Non
         keys = [k for row in rows for k in row if k not in ("rank", "student_id", "within budget", "points",
                                                              "max_points")]
         keys = list(dict.fromkeys(keys))
-        cols = ["rank", "student_id", *keys, "within budget", "points"]
+        keys = [k for k in keys if k != "within noise of"]
+        ex = registry()[ex_id]
+        cols = ["rank", *(["within noise of"] if ex.rank_noise else []), "student_id", *keys, "within budget",
+                "points"]
 
         def cell(row, k):
             v = row.get(k)
@@ -740,10 +776,12 @@ def write_leaderboards(reports: list[dict], ex_ids: list[str], out: Path) -> Non
         for row in rows:
             w.writerow([cell(row, k) for k in cols])
         _write_atomic(out / f"{stem}.csv", buf.getvalue())
-        ex = registry()[ex_id]
+        noise = (f" Every design was measured on the same draw (one seed for the class). \"within noise of #k\": "
+                 f"its {ex.rank_by} differs from #k's by less than their {ex.rank_noise} combined — the ranking "
+                 f"between them is not established." if ex.rank_noise else "")
         md = [f"# Leaderboard — {ex_id}: {ex.title}", "",
               f"Ranked by {ex.rank_by} (lower is better) among the submissions within budget; the others follow, "
-              f"unranked.", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+              f"unranked.{noise}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         md += ["| " + " | ".join(cell(row, k) if k != "rank" or row["rank"] else "—" for k in cols) + " |"
                for row in rows]
         _write_atomic(out / f"{stem}.md", "\n".join(md) + "\n")

@@ -16,7 +16,8 @@ cell's partial credit. Two rules keep that grade honest:
 * under ``nbgrader autograde`` (environment ``NBGRADER_EXECUTION=autograde``, set by nbgrader for the
   kernel it runs) the cases are drawn from :func:`held_out_seed` of the learner's exercise cell, not from
   the self-check's seed: fresh inputs, the same for the same submission, and the same that
-  ``attn-course grade`` draws for that cell.
+  ``attn-course grade`` draws for that cell (:func:`exercise_seed`: one seed for the whole class where the
+  exercise ranks a class).
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from .guard import RuntimeGuard, judged_source
 from .spec import Case, Exercise, validate
 
 __all__ = ["check", "CheckResult", "CaseResult", "judge_case", "describe_exception", "case_seed",
-           "held_out_seed", "held_out_cases", "self_check_cases", "in_nbgrader_autograde"]
+           "held_out_seed", "exercise_seed", "held_out_cases", "self_check_cases", "in_nbgrader_autograde"]
 
 SELF_CHECK_SEED = 20240601
 NBGRADER_ENV = "NBGRADER_EXECUTION"          # nbgrader sets it to "autograde" (or "validate") for the kernel
@@ -104,6 +105,17 @@ def held_out_seed(source: str | None) -> int:
     under nbgrader autograde both use it, so both graders judge a cell on the same inputs."""
     text = "attn_course held-out inputs\n" + _normalised(source or "")
     return int(hashlib.sha256(text.encode("utf-8")).hexdigest()[:15], 16)
+
+
+def exercise_seed(ex: Exercise, source: str | None) -> int:
+    """Base seed of one submitted exercise's held-out inputs: :func:`held_out_seed` of its cell, except for an
+    exercise that ranks a class (``rank_by``, the capstone's leaderboard): there the whole class shares ONE seed,
+    derived from the exercise id, so every design is measured on the same draw and editing a comment re-rolls
+    nothing (``attn-course grade --seed`` replaces it for every exercise)."""
+    if ex.rank_by:
+        text = "attn_course class seed\n" + ex.id
+        return int(hashlib.sha256(text.encode("utf-8")).hexdigest()[:15], 16)
+    return held_out_seed(source)
 
 
 def in_nbgrader_autograde() -> bool:
@@ -188,7 +200,7 @@ def _run(ex: Exercise, obj: Any) -> CheckResult:
     source = judged_source(obj)
     findings = ex.static_findings(source) if ex.static_forbidden else []
     found = {f.api for f in findings}
-    cases = held_out_cases(ex, held_out_seed(source)) if result.held_out else self_check_cases(ex)
+    cases = held_out_cases(ex, exercise_seed(ex, source)) if result.held_out else self_check_cases(ex)
     for case in cases:
         want = ex.expected(case)
         guard = RuntimeGuard(ex.forbidden)

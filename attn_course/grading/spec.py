@@ -89,6 +89,11 @@ class Exercise:
     #   grader measured on this case (kept in the report; booleans are budget checks, all True = within budget)
     rank_by: str = ""                               # the measured name ``attn-course grade`` ranks a class by in
     #   leaderboard.csv / leaderboard.md (ascending); "" = no leaderboard
+    rank_noise: str = ""                            # the measured name holding the ± noise of ``rank_by`` (e.g. two
+    #   standard errors): two rows closer than their noises combined are marked "within noise" on the leaderboard.
+    #   An exercise with ``rank_by`` gives the whole class ONE seed (selfcheck.exercise_seed), never one per cell.
+    time_factor: float = 0.0                        # > 0: the grader's time limit for this lesson is this many
+    #   times the course's own solution's run, measured at grade time (runner.calibrate), at least --timeout
 
     def __post_init__(self):
         if self.kind not in KINDS:
