@@ -20,6 +20,13 @@ def test_mla_beats_gqa_mqa_tpa_on_the_hard_task_at_a_gqa_sized_cache(seed):
     assert all(acc["MLA (d_c=16, d_R=2)"] > acc[k] + 0.15 for k in ("GQA (H_kv=2)", "MQA (H_kv=1)", "TPA (R=6,2,2)"))
 
 
+def test_train_and_measure_returns_the_training_losses_on_request():
+    kw = dict(steps=5, n=4, d_model=16, num_heads=2, progress=False, seed=3)
+    model, acc, per_token, losses = train_and_measure("MQA (H_kv=1)", return_losses=True, **kw)
+    again = train_and_measure("MQA (H_kv=1)", **kw)
+    assert len(losses) == 5 and all(l > 0 for l in losses) and (acc, per_token) == again[1:]
+
+
 @pytest.mark.parametrize("scheme", DECODE_SCHEMES)
 @pytest.mark.parametrize("new_tokens", [1, 3])
 def test_decode_step_flops_match_flop_counter(scheme, new_tokens):

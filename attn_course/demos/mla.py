@@ -73,20 +73,21 @@ def cache_elements_per_token(attn: nn.Module, h: torch.Tensor) -> float:
 
 def train_and_measure(kind: str | Callable[[int, int], nn.Module], *, steps: int = 150, n: int = 8,
                       vocab: int = 10, d_model: int = 32, num_heads: int = 4, seed: int = 0,
-                      progress: bool = True, device: torch.device | str | None = None):
+                      progress: bool = True, device: torch.device | str | None = None, return_losses: bool = False):
     """Train ``make_model(kind, ...)`` on lesson 07's ``reverse_batch`` for ``steps`` steps on ``device``
     (default CPU); return ``(model, accuracy, cache elements per token)`` — the same protocol as lesson 07's
-    ``train_and_measure`` (AdamW, lr 1e-2, one-cycle; accuracy on 512 fresh sequences, another seed).
+    ``train_and_measure`` (AdamW, lr 1e-2, one-cycle; accuracy on 512 fresh sequences, another seed) — and,
+    with ``return_losses=True``, the per-step training losses as a fourth item.
     The model is initialised and the batches drawn on the CPU, so a seed means the same start anywhere."""
     model = make_model(kind, n=n, vocab=vocab, d_model=d_model, num_heads=num_heads, seed=seed).to(device or "cpu")
-    fit(model, lambda g: reverse_batch(g, n=n, vocab=vocab), steps=steps, lr=1e-2, seed=seed,
+    losses = fit(model, lambda g: reverse_batch(g, n=n, vocab=vocab), steps=steps, lr=1e-2, seed=seed,
         progress=progress, desc=kind if isinstance(kind, str) else "MLA")
     x, y = reverse_batch(torch.Generator().manual_seed(seed + 1000), batch=512, n=n, vocab=vocab)
     x, y = x.to(model.tok.weight.device), y.to(model.tok.weight.device)
     with torch.no_grad():
         acc = token_accuracy(model(x), y)
         per_token = cache_elements_per_token(model.attn, model.embed(x[:8]))
-    return model, acc, per_token
+    return (model, acc, per_token, losses) if return_losses else (model, acc, per_token)
 
 
 # The three ways to run one MLA decoding step (lesson 12 §7):
