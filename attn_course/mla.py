@@ -210,7 +210,9 @@ class MultiHeadLatentAttention(nn.Module):
         extended in place. ``need_weights=True`` also returns the weights ``(B, H, L, T + L)``.
 
         ``absorb=False`` (naive): up-project the latents into per-head keys and values (Eqs. 10, 11, 17)
-        and run ordinary multi-head attention. ``absorb=True``: fold W^UK into the queries and W^UV into
+        and run ordinary multi-head attention (with a cache: every cached latent, at every call; DeepSeek's
+        reference ``attn_impl="naive"`` caches per-head K/V instead, see
+        :func:`attn_course.demos.mla.per_head_kv_decode`). ``absorb=True``: fold W^UK into the queries and W^UV into
         the output side; attention runs over the latents themselves as multi-query attention with one
         key ``[c_kv ; k_rope]`` and one value ``c_kv`` — per-head K and V are never formed. Same result.
         """

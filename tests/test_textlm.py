@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from attn_course.demos.textlm import TextData, TinyLM, decode, encode, head_scores, loss_by_position, stdlib_text, train_lm
+from attn_course.demos.textlm import (TextData, TinyLM, decode, encode, head_scores, loss_by_position, stdlib_text, train_lm,
+                                     unigram_loss)
 
 
 def test_corpus_is_ascii_deterministic_and_large():
@@ -72,6 +73,21 @@ def test_short_training_beats_the_unigram_baseline_and_records_logits():
     assert loss_by_position(m, data, 32, batches=2).mean().item() < unigram - 0.2
     assert [r[0] for r in rec] == [0, 20, 40] and all(r[1] > 0 and r[2] > 0 for r in rec)
     assert isinstance(m.generate("The ", 10), str)
+
+
+def test_unigram_loss_is_the_held_out_cross_entropy_of_add_one_training_counts():
+    # independent reference: plain Python counting over the two splits' characters
+    import collections
+    import math
+    text = "aab ba\nabc " * 30 + "zzaab ca~"
+    data = TextData(text, seq_len=4, batch_size=2)
+    train, val = data.train.tolist(), data.val.tolist()
+    counts = collections.Counter(train)
+    total = len(train) + 128
+    want = -sum(math.log((counts[c] + 1) / total) for c in val) / len(val)
+    assert abs(unigram_loss(data) - want) < 1e-12
+    entropy = -sum(n / len(train) * math.log(n / len(train)) for n in counts.values())
+    assert abs(unigram_loss(data) - entropy) > 0.05           # not the training split's own entropy
 
 
 def test_word_boundary_score():

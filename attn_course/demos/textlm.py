@@ -32,7 +32,7 @@ from ..positions import alibi_bias
 from ._train import fit
 
 __all__ = ["STDLIB_MODULES", "stdlib_text", "encode", "decode", "TextData", "TinyLM", "train_lm",
-           "loss_by_position", "head_scores"]
+           "loss_by_position", "head_scores", "unigram_loss"]
 
 # Pure-Python modules with long, stable docstrings (present in every CPython 3.9+).
 STDLIB_MODULES = ("textwrap", "string", "json", "fractions", "statistics", "heapq", "bisect", "shlex",
@@ -99,6 +99,18 @@ class TextData:
         idx = start[:, None] + torch.arange(L + 1)
         chunk = data[idx]
         return chunk[:, :-1], chunk[:, 1:]
+
+
+def unigram_loss(data: TextData) -> float:
+    """The course's unigram baseline, in nats per character: a model that predicts every character from the
+    character frequencies of the **training** split, add-one smoothed over the 128 ASCII codes, scored by its
+    cross-entropy on the **validation** split — the same split and measure as a trained model's validation loss.
+
+    (Not the training split's own entropy −Σ p log p: that is the model's loss on the text it was counted on.)
+    """
+    counts = torch.bincount(data.train, minlength=VOCAB).double() + 1          # add-one: no code has p = 0
+    log_p = (counts / counts.sum()).log()                                     # (128,)
+    return -log_p[data.val].mean().item()
 
 
 class TinyLM(nn.Module):
