@@ -20,3 +20,12 @@ def _seed():
     yield
     import matplotlib.pyplot as plt
     plt.close("all")
+
+
+@pytest.fixture
+def one_thread():
+    """Run the test at one torch thread (restored after): small ops are faster and results thread-independent."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

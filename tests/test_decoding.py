@@ -12,11 +12,8 @@ TOL64 = dict(atol=1e-10, rtol=1e-10)
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_thread):
+    """Every test here at one thread (conftest's ``one_thread``)."""
 
 
 def _qkv(lead, Lq, Lk, E=8, Ev=6, dtype=torch.float64, seed=0):

@@ -11,11 +11,8 @@ TOL64 = dict(atol=1e-10, rtol=1e-10)
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_thread):
+    """Every test here at one thread (conftest's ``one_thread``)."""
 
 
 def _kv(H, n, D, g):

@@ -70,14 +70,22 @@ def train_translator(steps: int = 300, *, seed: int = 0, d_model: int = 64, num_
                      lr: float = 5e-3, progress: bool = True, device=None) -> tuple[ToyTranslator, list[float]]:
     """Train a fresh :class:`ToyTranslator` (seconds on a CPU); returns ``(model, losses)``, the model on
     ``device`` (the CPU by default)."""
+    return train_seq2seq(ToyTranslator, steps, seed=seed, d_model=d_model, num_heads=num_heads, lr=lr,
+                         progress=progress, device=device, desc="toy translation")
+
+
+def train_seq2seq(model_cls, steps: int, *, seed: int, d_model: int, num_heads: int, lr: float, progress: bool,
+                  device, desc: str):
+    """Train a fresh ``model_cls(d_model, num_heads)`` (called as ``model(src, tgt_in)``) on the digit task;
+    returns ``(model, losses)``. Shared by the translator here and lesson 04's encoder–decoder."""
     torch.manual_seed(seed)
-    model = ToyTranslator(d_model, num_heads).to(device or "cpu")
+    model = model_cls(d_model, num_heads).to(device or "cpu")
 
     def sample(gen):
         src, tgt_in, tgt_out, _ = sample_batch(gen)
         return torch.stack([src, tgt_in]), tgt_out
 
-    losses = fit(model, sample, steps=steps, lr=lr, seed=seed, progress=progress, desc="toy translation",
+    losses = fit(model, sample, steps=steps, lr=lr, seed=seed, progress=progress, desc=desc,
                  forward=lambda m, xy: m(xy[0], xy[1])[0])
     return model, losses
 

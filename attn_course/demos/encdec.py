@@ -17,8 +17,7 @@ from torch import nn
 
 from ..cross import CrossAttention
 from ..masks import padding_mask
-from ._train import fit
-from .cross import BOS, MAX_LEN, PAD, sample_batch
+from .cross import BOS, MAX_LEN, PAD, sample_batch, train_seq2seq
 
 __all__ = ["ToyEncoderDecoder", "train_encoder_decoder", "translate", "exact_match"]
 
@@ -66,16 +65,8 @@ class ToyEncoderDecoder(nn.Module):
 def train_encoder_decoder(steps: int = 300, *, seed: int = 0, d_model: int = 64, num_heads: int = 1,
                           lr: float = 5e-3, progress: bool = True, device=None):
     """Train a fresh :class:`ToyEncoderDecoder` on the digit task; returns ``(model, losses)``."""
-    torch.manual_seed(seed)
-    model = ToyEncoderDecoder(d_model, num_heads).to(device or "cpu")
-
-    def sample(gen):
-        src, tgt_in, tgt_out, _ = sample_batch(gen)
-        return torch.stack([src, tgt_in]), tgt_out
-
-    losses = fit(model, sample, steps=steps, lr=lr, seed=seed, progress=progress, desc="encoder-decoder",
-                 forward=lambda m, xy: m(xy[0], xy[1])[0])
-    return model, losses
+    return train_seq2seq(ToyEncoderDecoder, steps, seed=seed, d_model=d_model, num_heads=num_heads, lr=lr,
+                         progress=progress, device=device, desc="encoder-decoder")
 
 
 @torch.no_grad()
