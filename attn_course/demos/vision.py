@@ -133,12 +133,12 @@ def train_target_finder(attention: bool = True, *, steps: int = 300, batch: int 
     """Build a ``TargetFinder`` (parameters seeded with ``seed``) and train it on fresh batches with ``fit``.
 
     ``model``: train this (e.g. modified) model instead of a fresh one; the data stream is the same.
-    Returns the trained model on ``device`` (default CPU).
+    Returns the trained model on ``device`` (default CPU), its per-step losses in ``model.losses``.
     """
     torch.manual_seed(seed)
     model = (TargetFinder(attention) if model is None else model).to(device or "cpu")
-    fit(model, lambda g: make_batch(g, batch, **data), steps=steps, lr=lr, seed=seed, progress=progress,
-        desc="CBAM" if model.cbam is not None else "plain", loss_fn=F.cross_entropy)
+    model.losses = fit(model, lambda g: make_batch(g, batch, **data), steps=steps, lr=lr, seed=seed,
+                       progress=progress, desc="CBAM" if model.cbam is not None else "plain", loss_fn=F.cross_entropy)
     return model
 
 
