@@ -49,10 +49,22 @@ def test_setup_cell_installs_the_pinned_package_when_missing(path):
     real_find_spec = importlib.util.find_spec
     with mock.patch.object(importlib.util, "find_spec",
                            side_effect=lambda name, *a: None if name == "attn_course" else real_find_spec(name, *a)), \
-            mock.patch.object(subprocess, "run", side_effect=lambda cmd, **kw: calls.append(cmd)), \
+            mock.patch.object(subprocess, "run",
+                              side_effect=lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0)), \
             mock.patch.object(torch.cuda, "is_available", return_value=False):
         exec(compile(_setup_source(path), f"{path.name}:setup", "exec"), ns)
     assert len(calls) == 1 and calls[0][-1] == _colab.install_spec(), calls
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS[:1] + NOTEBOOKS[-1:], ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_setup_cell_says_what_to_do_when_pip_fails(path):
+    """No network, or the course not published yet: the learner reads what to do, not pip's raw error alone."""
+    real_find_spec = importlib.util.find_spec
+    with mock.patch.object(importlib.util, "find_spec",
+                           side_effect=lambda name, *a: None if name == "attn_course" else real_find_spec(name, *a)), \
+            mock.patch.object(subprocess, "run", side_effect=lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1)), \
+            pytest.raises(RuntimeError, match="pip could not install the course package.*make lab"):
+        exec(compile(_setup_source(path), f"{path.name}:setup", "exec"), {})
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
