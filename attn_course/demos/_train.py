@@ -1,7 +1,16 @@
-"""The one training loop every tiny demo shares: seeded, CPU-fast, with a progress bar."""
+"""The one training loop every tiny demo shares: seeded, CPU-fast, with a progress bar.
+
+:func:`fit` trains one model; :func:`fit_many` trains several models of one architecture (seeds, or
+variants that differ only in their weights) *together*: their parameters are stacked along a leading
+model axis (``torch.func.stack_module_state``) and one ``vmap(functional_call)`` runs every model's step
+at once, so three seeds cost about one run. Each model sees exactly the data, schedule and optimizer
+updates it would see alone under :func:`fit` with its own seed — the losses agree to round-off
+(``tests/test_train_batched.py``).
+"""
 from __future__ import annotations
 
-from typing import Callable
+import copy
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -9,7 +18,7 @@ from torch import nn
 
 from .._notebook import in_kernel, saved_box
 
-__all__ = ["fit", "token_accuracy"]
+__all__ = ["fit", "fit_many", "token_accuracy"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -97,4 +106,81 @@ def fit(model: nn.Module, sample: Callable[[torch.Generator], Batch], *, steps: 
         bar.close()
         torch.set_num_threads(threads)
         model.eval()
+    return losses
+
+
+class _Forward(nn.Module):
+    """Wraps a model so that ``functional_call`` can run a custom ``forward(model, x)``."""
+
+    def __init__(self, model: nn.Module, forward: Callable[[nn.Module, torch.Tensor], torch.Tensor]):
+        super().__init__()
+        self.model, self._fwd = model, forward
+
+    def forward(self, x):
+        return self._fwd(self.model, x)
+
+
+def fit_many(models: Sequence[nn.Module], sample: Callable[[torch.Generator], Batch], *, steps: int,
+             seeds: Sequence[int], lr: float = 3e-3, progress: bool = True, desc: str = "training",
+             loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+             forward: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None) -> list[list[float]]:
+    """Train ``models[i]`` on the data stream of ``seeds[i]``, all in one batched loop; return each one's losses.
+
+    The same contract as :func:`fit` (AdamW, one-cycle schedule, one CPU thread), applied to every model:
+    ``fit_many(models, sample, seeds=s, ...)[i]`` equals ``fit(models[i], sample, seed=s[i], ...)`` to
+    round-off. The models must share one architecture (the same parameter names and shapes; their values
+    differ); they are trained in place and left in eval mode. Dropout is not supported (the models'
+    random streams would differ from :func:`fit`'s).
+    """
+    models = list(models)
+    if len(models) != len(seeds) or not models:
+        raise ValueError(f"fit_many needs one seed per model, got {len(models)} models and {len(seeds)} seeds")
+    shapes = {n: p.shape for n, p in models[0].named_parameters()}
+    for m in models[1:]:
+        if {n: p.shape for n, p in m.named_parameters()} != shapes:
+            raise ValueError("fit_many: the models must share one architecture (parameter names and shapes)")
+    loss_fn = loss_fn or (lambda logits, y: F.cross_entropy(logits.flatten(0, -2), y.flatten()))
+    forward = forward or (lambda m, x: m(x))
+    device = next(models[0].parameters()).device
+    wrapped = [_Forward(m, forward) for m in models]
+    params, buffers = torch.func.stack_module_state(wrapped)        # name -> (S, ...) leaf tensors
+    base = copy.deepcopy(wrapped[0]).to("meta")
+    base.train()
+
+    def one_loss(p, b, x, y):
+        return loss_fn(torch.func.functional_call(base, (p, b), (x,)), y)
+
+    batched_loss = torch.vmap(one_loss)
+    # SDPA's fused CPU kernel has no batching rule (vmap would loop over the models); its math form does
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    opt = torch.optim.AdamW(list(params.values()), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
+    gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    losses: list[list[float]] = [[] for _ in models]
+    bar = _Bar(steps, desc, progress)
+    try:
+        for step in range(1, steps + 1):
+            xs, ys = zip(*(sample(g) for g in gens))
+            with sdpa_kernel([SDPBackend.MATH]):
+                per_model = batched_loss(params, buffers, torch.stack(xs).to(device), torch.stack(ys).to(device))
+            opt.zero_grad(set_to_none=True)
+            per_model.sum().backward()                  # model i's parameters get model i's gradient only
+            opt.step()
+            sched.step()
+            for i, v in enumerate(per_model.tolist()):
+                losses[i].append(v)
+            bar.update(step, sum(per_model.tolist()) / len(models))
+    finally:
+        bar.close()
+        torch.set_num_threads(threads)
+    with torch.no_grad():
+        for i, w in enumerate(wrapped):
+            for name, p in w.named_parameters():
+                p.copy_(params[name][i])
+            for name, b in w.named_buffers():
+                b.copy_(buffers[name][i])
+    for m in models:
+        m.eval()
     return losses
