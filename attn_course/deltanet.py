@@ -124,6 +124,11 @@ def gated_delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     return o, S
 
 
+_ACTIVATIONS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "relu": F.relu,
+                "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+                "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
+
+
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
 
@@ -152,11 +157,16 @@ class GatedDeltaNet(nn.Module):
             head serves ``num_v_heads / num_k_heads`` consecutive value heads).
         head_k_dim, head_v_dim: per-head widths (the state is ``head_k_dim × head_v_dim`` per value head).
         conv_kernel: width of the depthwise causal convolution (4).
+        activation: the non-linearity after the convolution, ``config.hidden_act`` in the peer ("silu" in
+            Qwen3-Next; also "gelu", "gelu_pytorch_tanh", "relu"); the output gate's SiLU is fixed, as in the peer.
     """
 
     def __init__(self, hidden_size: int, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
-                 *, conv_kernel: int = 4, eps: float = 1e-6, chunk_size: int = 64):
+                 *, conv_kernel: int = 4, eps: float = 1e-6, chunk_size: int = 64, activation: str = "silu"):
         super().__init__()
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+        self.activation = activation
         for name, val in (("hidden_size", hidden_size), ("num_k_heads", num_k_heads), ("num_v_heads", num_v_heads),
                           ("head_k_dim", head_k_dim), ("head_v_dim", head_v_dim), ("conv_kernel", conv_kernel)):
             _validate.positive_int(name, val)
@@ -181,7 +191,8 @@ class GatedDeltaNet(nn.Module):
         """Build from a ``Qwen3NextConfig`` (its ``linear_*`` attributes, read by name)."""
         return cls(config.hidden_size, config.linear_num_key_heads, config.linear_num_value_heads,
                    config.linear_key_head_dim, config.linear_value_head_dim,
-                   conv_kernel=attr(config, "linear_conv_kernel_dim", 4), eps=attr(config, "rms_norm_eps", 1e-6))
+                   conv_kernel=attr(config, "linear_conv_kernel_dim", 4), eps=attr(config, "rms_norm_eps", 1e-6),
+                   activation=attr(config, "hidden_act", "silu"))
 
     def state_bytes(self, batch_size: int = 1, dtype=torch.float32) -> int:
         """Bytes of the decoding state per layer: the delta-rule state and the convolution's last K−1 inputs —
@@ -201,7 +212,7 @@ class GatedDeltaNet(nn.Module):
         q, k, v, z = qkvz.split([dk, dk, r * dv, r * dv], dim=-1)
         b, a = self.in_proj_ba(x).view(B, L, self.num_k_heads, 2 * r).split([r, r], dim=-1)
         mixed = torch.cat([t.reshape(B, L, -1) for t in (q, k, v)], dim=-1).transpose(1, 2)   # (B, conv_dim, L)
-        mixed = F.silu(self.conv1d(mixed)[..., :L]).transpose(1, 2)                     # causal: drop the tail
+        mixed = _ACTIVATIONS[self.activation](self.conv1d(mixed)[..., :L]).transpose(1, 2)   # causal: drop the tail
         q, k, v = mixed.split([self.num_k_heads * dk, self.num_k_heads * dk, self.num_v_heads * dv], dim=-1)
         q = rearrange(q, "b l (h d) -> b h l d", d=dk).repeat_interleave(r, dim=1)
         k = rearrange(k, "b l (h d) -> b h l d", d=dk).repeat_interleave(r, dim=1)

@@ -72,7 +72,7 @@ class SparseIndexer(nn.Module):
     def index_scores(self, x: torch.Tensor, q_latent: torch.Tensor, positions: torch.Tensor | None = None
                      ) -> torch.Tensor:
         """I_ts for every query t and key s of one sequence, ``(B, L, L)`` in fp32 (fp64 for fp64 input);
-        −inf where s > t."""
+        −inf where s > t. ``positions``: ``(L,)`` for the whole batch or ``(B, L)`` per sequence; default 0..L-1."""
         _validate.tensor("x", x, dim=3)
         _validate.tensor("q_latent", q_latent, dim=3)
         if q_latent.shape[:2] != x.shape[:2]:
@@ -82,7 +82,13 @@ class SparseIndexer(nn.Module):
         r = self.rope.rotary_dim
         q = rearrange(self.wq_b(q_latent), "b l (h d) -> b h l d", h=self.n_heads)      # (B, H_I, L, d_I)
         k = self.k_norm(self.wk(x))                                                     # (B, L, d_I)
-        q = torch.cat((self.rope(q[..., :r], positions), q[..., r:]), dim=-1)
+        B, L = x.shape[:2]
+        if positions is not None:      # (L,) shared by the batch, or (B, L) per sequence (transformers' position_ids)
+            if not isinstance(positions, torch.Tensor) or positions.shape not in ((L,), (B, L)):
+                raise ValueError(f"positions must have shape (L,) = ({L},) or (B, L) = ({B}, {L}), got "
+                                 f"{tuple(getattr(positions, 'shape', ())) or type(positions).__name__}")
+        q_pos = positions[:, None, :] if positions is not None and positions.dim() == 2 else positions   # (B, 1, L)
+        q = torch.cat((self.rope(q[..., :r], q_pos), q[..., r:]), dim=-1)
         k = torch.cat((self.rope(k[..., :r], positions), k[..., r:]), dim=-1)
         s = F.relu(q.to(acc) @ k.to(acc).transpose(-2, -1)[:, None] * self.head_dim ** -0.5)   # (B, H_I, L, L)
         w = self.weights_proj(x).to(acc) * self.n_heads ** -0.5                          # (B, L, H_I)

@@ -36,9 +36,10 @@ def _randomise(module, std=0.5, skip=()):
     return module
 
 
-def _tables(ours_rope, L, B=2, half=False):
-    """cos, sin (B, L, rotary_dim) — or rotary_dim/2 for gpt-oss's half-width tables — from our fp64 frequencies."""
-    ang = torch.arange(L, dtype=F64)[:, None] * ours_rope.inv_freq
+def _tables(ours_rope, L, B=2, half=False, offset=0):
+    """cos, sin (B, L, rotary_dim) — or rotary_dim/2 for gpt-oss's half-width tables — from our fp64 frequencies,
+    at positions offset..offset+L-1."""
+    ang = torch.arange(offset, offset + L, dtype=F64)[:, None] * ours_rope.inv_freq
     emb = ang if half else torch.cat((ang, ang), -1)
     s = ours_rope.attention_scaling
     return (emb.cos() * s)[None].expand(B, -1, -1), (emb.sin() * s)[None].expand(B, -1, -1)
@@ -191,6 +192,26 @@ def test_gated_deltanet_equals_qwen3_next(L, mode):
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
 
 
+@pytest.mark.parametrize("act", ["gelu", "relu", "gelu_pytorch_tanh"])
+def test_gated_deltanet_follows_hidden_act(act):
+    """The convolution's non-linearity is the config's ``hidden_act`` (the peer's ``self.activation``)."""
+    from transformers.models.qwen3_next import modeling_qwen3_next as hf
+    cfg = _qwen3next_config(hidden_act=act)
+    theirs = _randomise(hf.Qwen3NextGatedDeltaNet(cfg, 0).double())
+    ours = GatedDeltaNet.from_config(cfg).double()
+    assert ours.activation == act
+    ours.load_state_dict(theirs.state_dict(), strict=True)
+    x = torch.randn(2, 9, 32, dtype=F64)
+    with torch.no_grad():
+        want, got = theirs(x), ours(x)
+        silu = GatedDeltaNet.from_config(_qwen3next_config()).double()
+        silu.load_state_dict(theirs.state_dict(), strict=True)
+        assert (silu(x) - want).abs().max() > 1e-3                       # the activation matters here
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
+    with pytest.raises(ValueError, match="activation must be one of"):
+        GatedDeltaNet(32, 2, 4, 8, 6, activation="tanhh")
+
+
 def _delta_inputs(B=2, H=3, L=37, dk=5, dv=4, seed=0):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, H, L, dk, generator=g, dtype=F64)
@@ -281,6 +302,32 @@ def test_sparse_indexer_picks_what_deepseek_v32_picks(L, topk):
         for t in range(L):
             n = min(t + 1, topk)                                         # the first n picks are real keys
             assert sorted(got[b, t, :n].tolist()) == sorted(want[b, t, :n].tolist())
+
+
+def test_sparse_indexer_per_sequence_positions_match_deepseek_v32():
+    """(B, L) positions — transformers' position_ids, a different offset per sequence — rotate each sequence by its
+    own positions, also when B equals the number of index heads (where a wrong broadcast would pair them)."""
+    from transformers.models.deepseek_v32 import modeling_deepseek_v32 as hf
+    cfg = _dsv32_config(index_topk=12)
+    theirs = _randomise(hf.DeepseekV32Indexer(cfg, 0).double())
+    ours = SparseIndexer.from_config(cfg).double()
+    ours.load_state_dict(theirs.state_dict(), strict=True)
+    B, L = cfg.index_n_heads, 7                                          # B == H_I on purpose
+    x, c = torch.randn(B, L, 32, dtype=F64), torch.randn(B, L, 16, dtype=F64)
+    pos = torch.arange(L)[None] + torch.tensor([0, 5, 11, 40])[:, None]                  # (B, L)
+    cos, sin = zip(*(_tables(ours.rope, L, B=1, offset=int(o)) for o in pos[:, 0]))
+    causal = torch.ones(L, L, dtype=torch.bool).tril()[None].expand(B, L, L)
+    with torch.no_grad():
+        got = ours.index_scores(x, c, pos)
+        want = theirs(x, c, (torch.cat(cos), torch.cat(sin)), causal, None)   # top-12 of 7 keys: the full order
+        for b in range(B):                                                  # each sequence alone, (L,) positions
+            torch.testing.assert_close(got[b], ours.index_scores(x[b:b + 1], c[b:b + 1], pos[b])[0], rtol=0, atol=1e-12)
+    for b in range(B):
+        for t in range(L):
+            mine = got[b, t, : t + 1].sort(descending=True).values                 # ties (ReLU zeros) in any order
+            torch.testing.assert_close(got[b, t, want[b, t, : t + 1].long()], mine, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match=r"positions must have shape \(L,\) = \(7,\) or \(B, L\) = \(4, 7\)"):
+        ours.index_scores(x, c, pos[:, :3])
 
 
 def test_index_scores_formula_and_topk_attention_equals_masked_dense():
