@@ -35,7 +35,7 @@ def kv_cache_bytes(mechanism: str, *, seq_len: int, num_heads: int, head_dim: in
                    v_rank: int | None = None, kv_lora_rank: int | None = None,
                    qk_rope_head_dim: int | None = None, dtype: torch.dtype = torch.float16,
                    window: int | None = None, index_head_dim: int | None = None, k_head_dim: int | None = None,
-                   conv_channels: int = 0, conv_kernel: int = 1) -> int:
+                   conv_channels: int = 0, conv_kernel: int = 1, state_dtype: torch.dtype | None = None) -> int:
     """Bytes of the KV cache for ``seq_len`` tokens.
 
     Args:
@@ -53,6 +53,9 @@ def kv_cache_bytes(mechanism: str, *, seq_len: int, num_heads: int, head_dim: in
         k_head_dim, conv_channels, conv_kernel: for ``"delta"``: the state is ``num_heads`` value heads of
             ``k_head_dim × head_dim`` plus ``conv_channels × (conv_kernel − 1)`` convolution inputs per
             sequence and layer; ``seq_len`` does not change it.
+        state_dtype: for ``"delta"``: the element type of the recurrent state (default ``dtype``); served models
+            keep it in fp32 — a sum over every token needs the precision — while the convolution inputs are in
+            ``dtype`` (transformers' Qwen3-Next caches ``last_recurrent_state`` in fp32).
 
     Returns:
         the size in bytes (an ``int``).
@@ -76,8 +79,9 @@ def kv_cache_bytes(mechanism: str, *, seq_len: int, num_heads: int, head_dim: in
         _validate.positive_int("k_head_dim", k_head_dim)
         if conv_channels < 0 or conv_kernel < 1:
             raise ValueError(f"conv_channels={conv_channels} must be >= 0 and conv_kernel={conv_kernel} >= 1")
-        state = H * k_head_dim * d + conv_channels * (conv_kernel - 1)
-        return state * batch_size * num_layers * torch.empty((), dtype=dtype).element_size()
+        size = lambda t: torch.empty((), dtype=t).element_size()
+        per_layer = H * k_head_dim * d * size(state_dtype or dtype) + conv_channels * (conv_kernel - 1) * size(dtype)
+        return per_layer * batch_size * num_layers
     if mechanism == "mha":
         if num_kv_heads is not None and num_kv_heads != H:
             raise ValueError(f"mha has num_kv_heads == num_heads={H}, got num_kv_heads={num_kv_heads}; "
@@ -124,10 +128,12 @@ def open_models() -> dict[str, dict]:
 
 
 def model_cache_bytes(layers: list[dict], seq_len: int, *, batch_size: int = 1,
-                      dtype: torch.dtype = torch.bfloat16) -> int:
+                      dtype: torch.dtype = torch.bfloat16, state_dtype: torch.dtype | None = None) -> int:
     """Bytes a whole model keeps to decode after ``seq_len`` tokens: :func:`kv_cache_bytes` summed over its
     layer groups (``open_models()[name]["layers"]``; per-token caches grow with ``seq_len``, windowed ones stop
-    at the window, linear-attention states do not grow)."""
+    at the window, linear-attention states do not grow). Caches and convolution inputs are in ``dtype`` (bf16, as
+    served); a linear-attention state in its group's ``"state_dtype"`` (the table says ``"float32"``, as served),
+    unless ``state_dtype`` overrides it."""
     total = 0
     for group in layers:
         g = dict(group)
@@ -135,5 +141,7 @@ def model_cache_bytes(layers: list[dict], seq_len: int, *, batch_size: int = 1,
         if kind in ("mla", "dsa"):
             g.setdefault("num_heads", 1)
             g.setdefault("head_dim", 1)
+        if kind == "delta" and (state_dtype is not None or "state_dtype" in g):
+            g["state_dtype"] = state_dtype or getattr(torch, g["state_dtype"])
         total += kv_cache_bytes(kind, seq_len=seq_len, batch_size=batch_size, num_layers=count, dtype=dtype, **g)
     return total

@@ -94,6 +94,9 @@ def test_delta_state_does_not_grow_with_length():
                        dtype=torch.float32)
     from attn_course.deltanet import GatedDeltaNet
     assert a == b == GatedDeltaNet(32, 2, 4, 8, 6).state_bytes()       # the module's own count agrees
+    mixed = kv_cache_bytes("delta", seq_len=10, num_heads=4, head_dim=6, k_head_dim=8, conv_channels=56, conv_kernel=4,
+                           dtype=torch.bfloat16, state_dtype=torch.float32)
+    assert mixed == 4 * 8 * 6 * 4 + 56 * 3 * 2                          # the state in fp32, the conv inputs in bf16
     with pytest.raises(ValueError, match="k_head_dim"):
         kv_cache_bytes("delta", seq_len=10, num_heads=4, head_dim=6)
 
@@ -106,7 +109,10 @@ def test_open_model_table_by_hand():
     L = 32768
     assert model_cache_bytes(m["Llama 3 8B"]["layers"], L) == 2 * 8 * 128 * 32 * L * 2        # bf16
     assert model_cache_bytes(m["gpt-oss-20b"]["layers"], L) == 2 * 8 * 64 * 12 * (128 + L) * 2
-    qwen = 2 * 2 * 256 * 12 * L * 2 + 36 * (32 * 128 * 128 + 8192 * 3) * 2
+    qwen = 2 * 2 * 256 * 12 * L * 2 + 36 * (32 * 128 * 128 * 4 + 8192 * 3 * 2)       # fp32 state, bf16 conv inputs
     assert model_cache_bytes(m["Qwen3-Next-80B-A3B"]["layers"], L) == qwen
+    assert all(g["state_dtype"] == "float32" for g in m["Qwen3-Next-80B-A3B"]["layers"] if g["kind"] == "delta")
+    assert model_cache_bytes(m["Qwen3-Next-80B-A3B"]["layers"], L, state_dtype=torch.bfloat16) == \
+        2 * 2 * 256 * 12 * L * 2 + 36 * (32 * 128 * 128 + 8192 * 3) * 2
     assert model_cache_bytes(m["DeepSeek-V3.2"]["layers"], L) == 61 * (512 + 64 + 128) * L * 2
     assert sum(g["count"] for g in m["Gemma 3 27B"]["layers"]) == 62
