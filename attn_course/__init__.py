@@ -35,7 +35,7 @@ _LAZY = {
     "DifferentialAttention": "diff",
 }
 _SUBMODULES = {"functional", "masks", "rope", "positions", "ring", "viz", "widgets", "grading", "demos", "memory",
-               "bench", "sparse", "paged", "decoding"}
+               "bench", "sparse", "paged", "decoding", "pretrained"}
 
 __all__ = sorted(_LAZY) + sorted(_SUBMODULES)
 

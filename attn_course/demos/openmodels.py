@@ -1,9 +1,10 @@
 """Lesson 15's experiments: what the new attention parts of open models change, measured small.
 
 * :class:`OpenLM` — a tiny byte-level decoder (lesson 11's corpus, Python's own docstrings) whose attention
-  layers are one of ``"softmax"`` (the control), ``"gated"`` (Qwen3-Next's output gate) or ``"sink"`` (gpt-oss's
-  sink logit); the softmax control is the gated layer with its gate switched off, so the two differ in the
-  gate only. :func:`train_open_lm` trains one with the course's :func:`~attn_course.demos._train.fit`, and
+  layers are one of ``"softmax"`` (the control), ``"gated"`` (Qwen3-Next's output gate), ``"sink"`` (gpt-oss's
+  sink logit) or ``"sink_frozen"`` (the sink layer with its logit fixed at −30: the control for the sink); the
+  softmax control is the gated layer with its gate switched off, so the two differ in the gate only, and
+  the frozen-sink control differs from ``"sink"`` in the sink only. :func:`train_open_lm` trains one with the course's :func:`~attn_course.demos._train.fit`, and
   :func:`attention_stats` measures the attention mass on the first token, the sink's share and the largest
   activation of the residual stream.
 * :func:`nothing_to_read_batch` / :func:`nothing_to_read_stats` — a copying task where the rows before the one
@@ -24,13 +25,14 @@ from .._hfconfig import RopeSpec
 from ..gated import GatedAttention
 from ..norm import RMSNorm
 from ..sinks import SinkAttention
-from ._train import fit
+from ._train import fit, fit_many
 from .textlm import VOCAB, TextData
 
-__all__ = ["OpenLM", "train_open_lm", "attention_stats", "recall_accuracy", "common_noise_mass", "KINDS",
+__all__ = ["OpenLM", "train_open_lm", "train_open_lms", "attention_stats", "recall_accuracy", "common_noise_mass", "KINDS",
            "nothing_to_read_batch", "nothing_to_read_stats"]
 
-KINDS = ("softmax", "gated", "sink")
+KINDS = ("softmax", "gated", "sink", "sink_frozen")
+FROZEN_SINK = -30.0          # exp(−30) ≈ 1e-13 of a row: a sink that takes nothing
 
 
 class OpenLM(nn.Module):
@@ -45,8 +47,12 @@ class OpenLM(nn.Module):
         self.embed = nn.Embedding(VOCAB, d_model)
 
         def attn():
-            if kind == "sink":
-                return SinkAttention(d_model, num_heads, num_heads, hd, bias=False, rope=RopeSpec(hd))
+            if kind.startswith("sink"):
+                layer = SinkAttention(d_model, num_heads, num_heads, hd, bias=False, rope=RopeSpec(hd))
+                if kind == "sink_frozen":
+                    layer.sinks.data.fill_(FROZEN_SINK)
+                    layer.sinks.requires_grad_(False)
+                return layer
             return GatedAttention(d_model, num_heads, num_heads, hd, rope=RopeSpec(hd))
         self.attn = nn.ModuleList(attn() for _ in range(num_layers))
         self.mlp = nn.ModuleList(nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
@@ -57,7 +63,7 @@ class OpenLM(nn.Module):
         self.head = nn.Linear(d_model, VOCAB, bias=False)
 
     def _attend(self, i: int, h: torch.Tensor, need_weights: bool):
-        if self.kind == "sink":
+        if self.kind.startswith("sink"):
             return self.attn[i](h, need_weights=need_weights)
         return self.attn[i](h, need_weights=need_weights, gate=self.kind == "gated")
 
@@ -81,6 +87,18 @@ def train_open_lm(kind: str, data: TextData | None, *, steps: int = 200, seed: i
     losses = fit(model, sample or data.sample, steps=steps, lr=lr, seed=seed, progress=progress,
                  desc=f"OpenLM ({kind})")
     return model, losses
+
+
+def train_open_lms(kind: str, sample, seeds=(0, 1, 2), *, steps: int = 200, lr: float = 3e-3, progress: bool = False,
+                   **kw):
+    """:func:`train_open_lm` for several seeds as one batch (:func:`~attn_course.demos._train.fit_many`): each model
+    starts from its seed's weights and sees its seed's batches, exactly as alone. Returns ``[(model, losses), ...]``."""
+    models = []
+    for s in seeds:
+        torch.manual_seed(s)
+        models.append(OpenLM(kind, **kw))
+    curves = fit_many(models, sample, seeds=seeds, steps=steps, lr=lr, progress=progress, desc=f"OpenLM ({kind})")
+    return list(zip(models, curves))
 
 
 @torch.no_grad()

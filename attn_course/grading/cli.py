@@ -1,4 +1,5 @@
-"""The ``attn-course`` command: ``release [--check]``, ``grade SUBMISSION... --out DIR``, ``bench ...``."""
+"""The ``attn-course`` command: ``release [--check]``, ``grade SUBMISSION... --out DIR``, ``bench ...``,
+``ring ...``, ``train-lm --variant ...``."""
 from __future__ import annotations
 
 import argparse
@@ -50,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmarks: --suite attention (default), sparse, linear or all "
                        "(attn_course.bench; `attn-course bench --help`)", add_help=False)
     b.add_argument("args", nargs=argparse.REMAINDER)
+    sub.add_parser("train-lm", help="retrain a pretrained course LM: --variant plain|gated|sink [--out DIR] [--steps N] "
+                   "(attn_course.pretrained)", add_help=False).add_argument("args", nargs=argparse.REMAINDER)
     return p
 
 
@@ -58,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["bench"]:                      # forward everything, --suite and --help included
         from ..bench import main as bench_main
         return int(bench_main(argv[1:]) or 0)
+    if argv[:1] == ["train-lm"]:
+        from .. import pretrained
+        return int(pretrained.main(argv[1:]) or 0)
     if argv[:1] == ["ring"]:
         from .. import ring
         return int(ring.main(argv[1:]) or 0)
