@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from attn_course import masks
-from attn_course.demos.sparse import MaskedAttentionModel, SparseTask, accuracy_by_position, train_masked
+from attn_course.demos.sparse import (MaskedAttentionModel, SparseTask, accuracy_by_position, train_masked,
+                                      train_masked_many)
 
 
 def test_sample_targets():
@@ -40,3 +41,18 @@ def test_train_masked_follows_the_device_and_is_deterministic():
         c = train_masked(task, mask.cuda(), steps=5, progress=False)
         assert next(c.parameters()).device.type == "cuda" and c.mask.device.type == "cuda"
         assert accuracy_by_position(c, task, n=64).shape == (L,)
+
+
+def test_train_masked_many_equals_train_masked_per_mask_and_seed():
+    task, L = SparseTask("first", seq_len=8), 8
+    both = {"window": masks.sliding_window_mask(L, 3, causal=False), "global": masks.global_local_mask(L, 3, [0])}
+    many = train_masked_many(task, both, seeds=(0, 1), steps=20, progress=False)
+    assert list(many) == ["window", "global"] and all(len(ms) == 2 for ms in many.values())
+    x, _ = task.sample(torch.Generator().manual_seed(5), 16)
+    for name, ms in many.items():
+        for s, m in zip((0, 1), ms):
+            alone = train_masked(task, both[name], steps=20, seed=s, progress=False)
+            torch.testing.assert_close(torch.tensor(m.losses), torch.tensor(alone.losses), rtol=1e-4, atol=1e-5)
+            assert torch.equal(m.mask, both[name])
+            with torch.no_grad():
+                torch.testing.assert_close(m(x), alone(x), rtol=1e-4, atol=1e-4)

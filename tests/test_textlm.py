@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from attn_course.demos.textlm import (TextData, TinyLM, decode, encode, head_scores, loss_by_position, stdlib_text, train_lm,
-                                     unigram_loss)
+                                      train_lm_many, unigram_loss)
 
 
 def test_corpus_is_ascii_deterministic_and_large():
@@ -112,3 +112,17 @@ def test_device_argument_places_the_model_and_keeps_the_seeded_run():
     assert l0 == l1 and m1.head.weight.device.type == "cpu"
     assert loss_by_position(m1, data, 16, batches=1).device.type == "cpu"
     assert m0.generate("a ", 5, seed=1) == m1.generate("a ", 5, seed=1)
+
+
+def test_train_lm_many_equals_train_lm_per_seed_and_rate():
+    data = TextData(stdlib_text()[:20000], seq_len=16, batch_size=4)
+    seeds, lrs = (0, 1, 0), (3e-2, 3e-2, 1e-1)
+    models, curves = train_lm_many(data, seeds=seeds, lrs=lrs, steps=6, progress=False, d_model=16, num_layers=1,
+                                   num_heads=2, qk_norm=True)
+    x, _ = data.sample(torch.Generator().manual_seed(3), "val")
+    for s, lr, m, c in zip(seeds, lrs, models, curves):
+        alone, ref, _ = train_lm(data, seed=s, lr=lr, steps=6, progress=False, d_model=16, num_layers=1, num_heads=2,
+                                 qk_norm=True)
+        torch.testing.assert_close(torch.tensor(c), torch.tensor(ref), rtol=1e-4, atol=1e-5)
+        with torch.no_grad():
+            torch.testing.assert_close(m(x), alone(x), rtol=1e-4, atol=1e-4)

@@ -109,6 +109,18 @@ def fit(model: nn.Module, sample: Callable[[torch.Generator], Batch], *, steps: 
     return losses
 
 
+def _step(opt: torch.optim.Optimizer, params: list[torch.Tensor], ratio: torch.Tensor | None) -> None:
+    """``opt.step()``; with ``ratio`` (S,), model i's update (the parameters' slice i) is scaled by ratio[i]."""
+    if ratio is None:
+        opt.step()
+        return
+    before = [p.detach().clone() for p in params]
+    opt.step()
+    with torch.no_grad():
+        for p, b in zip(params, before):
+            p.copy_(torch.lerp(b, p, ratio.view(-1, *(1,) * (p.dim() - 1)).to(p.dtype)))
+
+
 class _Forward(nn.Module):
     """Wraps a model so that ``functional_call`` can run a custom ``forward(model, x)``."""
 
@@ -121,8 +133,8 @@ class _Forward(nn.Module):
 
 
 def fit_many(models: Sequence[nn.Module], sample: Callable[[torch.Generator], Batch], *, steps: int,
-             seeds: Sequence[int], lr: float = 3e-3, progress: bool = True, desc: str = "training",
-             loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+             seeds: Sequence[int], lr: float | Sequence[float] = 3e-3, progress: bool = True,
+             desc: str = "training", loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
              forward: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None) -> list[list[float]]:
     """Train ``models[i]`` on the data stream of ``seeds[i]``, all in one batched loop; return each one's losses.
 
@@ -131,8 +143,14 @@ def fit_many(models: Sequence[nn.Module], sample: Callable[[torch.Generator], Ba
     round-off. The models must share one architecture (the same parameter names and shapes; their values
     differ); they are trained in place and left in eval mode. Dropout is not supported (the models'
     random streams would differ from :func:`fit`'s).
+    ``lr`` may also be one peak learning rate per model (a learning-rate sweep in one batch): model i then
+    follows ``fit(..., lr=lr[i])``. AdamW's step is ``lr × schedule × (a function of the gradients alone)``
+    (no weight decay), so each model's step is the step at the largest rate, scaled by ``lr[i] / max(lr)``.
     """
     models = list(models)
+    lrs = [float(lr)] * len(models) if isinstance(lr, (int, float)) else [float(r) for r in lr]
+    if len(lrs) != len(models) or min(lrs, default=0) <= 0:
+        raise ValueError(f"fit_many needs one positive lr (or one per model), got {len(lrs)} for {len(models)} models")
     if len(models) != len(seeds) or not models:
         raise ValueError(f"fit_many needs one seed per model, got {len(models)} models and {len(seeds)} seeds")
     shapes = {n: p.shape for n, p in models[0].named_parameters()}
@@ -153,8 +171,9 @@ def fit_many(models: Sequence[nn.Module], sample: Callable[[torch.Generator], Ba
     batched_loss = torch.vmap(one_loss)
     # SDPA's fused CPU kernel has no batching rule (vmap would loop over the models); its math form does
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    opt = torch.optim.AdamW(list(params.values()), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
+    opt = torch.optim.AdamW(list(params.values()), lr=max(lrs), weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=max(lrs), total_steps=steps, pct_start=0.1)
+    ratio = None if len(set(lrs)) == 1 else torch.tensor(lrs, device=device) / max(lrs)      # (S,)
     gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -167,7 +186,7 @@ def fit_many(models: Sequence[nn.Module], sample: Callable[[torch.Generator], Ba
                 per_model = batched_loss(params, buffers, torch.stack(xs).to(device), torch.stack(ys).to(device))
             opt.zero_grad(set_to_none=True)
             per_model.sum().backward()                  # model i's parameters get model i's gradient only
-            opt.step()
+            _step(opt, list(params.values()), ratio)
             sched.step()
             for i, v in enumerate(per_model.tolist()):
                 losses[i].append(v)

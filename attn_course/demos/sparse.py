@@ -19,10 +19,11 @@ import torch
 
 from .._validate import positive_int
 from ..functional import attention
-from ._train import fit
+from ._train import fit, fit_many
 from .reverse import OneLayerAttention
 
-__all__ = ["SparseTask", "MaskedAttentionModel", "train_masked", "accuracy_by_position"]
+__all__ = ["SparseTask", "MaskedAttentionModel", "train_masked", "train_masked_many",
+           "accuracy_by_position"]
 
 
 @dataclass(frozen=True)
@@ -81,15 +82,41 @@ def accuracy_by_position(model: MaskedAttentionModel, task: SparseTask, *, n: in
     return torch.where(scored.any(0), acc, torch.nan)
 
 
+def _masked_loss(logits, y):
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100)
+
+
+def _masked_model(task: SparseTask, mask: torch.Tensor, d_model: int, seed: int, device) -> MaskedAttentionModel:
+    torch.manual_seed(seed)
+    return MaskedAttentionModel(task.vocab_size, task.seq_len, mask.cpu(), d_model).to(device)
+
+
 def train_masked(task: SparseTask, mask: torch.Tensor, *, steps: int = 300, lr: float = 1e-2, d_model: int = 32,
                  seed: int = 0, progress: bool = True, desc: str = "training", device=None) -> MaskedAttentionModel:
     """Train a :class:`MaskedAttentionModel` with ``mask`` on ``task``, on ``device`` (default: the mask's).
     Deterministic for ``seed`` on a given device: the parameters are initialised on the CPU and the batches
     are drawn on the CPU, then moved. The per-step training losses are kept on ``model.losses``."""
-    torch.manual_seed(seed)
     device = mask.device if device is None else torch.device(device)
-    model = MaskedAttentionModel(task.vocab_size, task.seq_len, mask.cpu(), d_model).to(device)
-    model.losses = fit(model, lambda g: task.sample(g), steps=steps, lr=lr, seed=seed, progress=progress, desc=desc,
-        loss_fn=lambda logits, y: torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(),
-                                                                    ignore_index=-100))
+    model = _masked_model(task, mask, d_model, seed, device)
+    model.losses = fit(model, task.sample, steps=steps, lr=lr, seed=seed, progress=progress, desc=desc,
+                       loss_fn=_masked_loss)
     return model
+
+
+def train_masked_many(task: SparseTask, masks: dict[str, torch.Tensor], seeds=(0, 1, 2), *, steps: int = 300,
+                      lr: float = 1e-2, d_model: int = 32, progress: bool = True, desc: str = "training",
+                      device=None) -> dict[str, list[MaskedAttentionModel]]:
+    """:func:`train_masked` for every mask in ``masks`` and every seed, as one batch
+    (:func:`~attn_course.demos._train.fit_many`: the models differ only in their weights and their mask
+    buffer). Returns ``{name: [model per seed]}``, each with its ``losses``; model (name, s) is the one
+    ``train_masked(task, masks[name], seed=s)`` trains, to round-off."""
+    device = next(iter(masks.values())).device if device is None else torch.device(device)
+    runs = [(name, s) for name in masks for s in seeds]
+    models = [_masked_model(task, masks[name], d_model, s, device) for name, s in runs]
+    curves = fit_many(models, task.sample, seeds=[s for _, s in runs], steps=steps, lr=lr, progress=progress,
+                      desc=desc, loss_fn=_masked_loss)
+    out: dict[str, list[MaskedAttentionModel]] = {name: [] for name in masks}
+    for (name, _), m, c in zip(runs, models, curves):
+        m.losses = c
+        out[name].append(m)
+    return out

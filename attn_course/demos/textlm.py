@@ -9,6 +9,8 @@ on real English that every Python installation already holds — the docstrings 
   ``position`` chooses how order enters: ``"rope"`` (inside every block), ``"learned"`` (a trained
   table added to the embeddings), ``"alibi"`` (a per-head linear bias on the scores) or ``"none"``.
 * :func:`train_lm` trains one with the shared :func:`~attn_course.demos._train.fit` loop;
+  :func:`train_lm_many` trains several (seeds, learning rates) as one batch with
+  :func:`~attn_course.demos._train.fit_many`;
   :func:`head_scores` measures which heads look at the previous token, at the first token (a sink) or
   act like induction heads (attend to the token *after* an earlier occurrence of the current one), or
   look back to the space that opens the current word (a word-boundary head).
@@ -29,9 +31,9 @@ from torch import nn
 from ..block import TransformerBlock
 from ..norm import RMSNorm
 from ..positions import alibi_bias
-from ._train import fit
+from ._train import fit, fit_many
 
-__all__ = ["STDLIB_MODULES", "stdlib_text", "encode", "decode", "TextData", "TinyLM", "train_lm",
+__all__ = ["STDLIB_MODULES", "stdlib_text", "encode", "decode", "TextData", "TinyLM", "train_lm", "train_lm_many",
            "loss_by_position", "head_scores", "unigram_loss"]
 
 # Pure-Python modules with long, stable docstrings (present in every CPython 3.9+).
@@ -226,6 +228,22 @@ def train_lm(data: TextData, *, steps: int = 600, lr: float = 3e-3, seed: int = 
     losses = fit(model, data.sample, steps=steps, lr=lr, seed=seed, progress=progress,
                  desc=f"TinyLM ({model.position})", forward=forward)
     return model, losses, record
+
+
+def train_lm_many(data: TextData, *, seeds=(0, 1, 2), lrs=None, steps: int = 600, lr: float = 3e-3,
+                  progress: bool = True, device: torch.device | str | None = None, **model_kwargs):
+    """:func:`train_lm` for every seed (and, with ``lrs``, one peak learning rate per seed entry), as one batch;
+    returns ``(models, losses)``, one entry per seed. Model i is the one ``train_lm(data, seed=seeds[i],
+    lr=lrs[i])`` trains, to round-off (:func:`~attn_course.demos._train.fit_many`). Repeat a seed in ``seeds``
+    to train it at several rates."""
+    lrs = [lr] * len(seeds) if lrs is None else list(lrs)
+    models = []
+    for s in seeds:
+        torch.manual_seed(s)
+        models.append(TinyLM(**model_kwargs).to(device or "cpu"))
+    losses = fit_many(models, data.sample, seeds=seeds, lr=lrs, steps=steps, progress=progress,
+                      desc=f"{len(models)} TinyLMs ({models[0].position})")
+    return models, losses
 
 
 @torch.no_grad()
