@@ -248,8 +248,9 @@ def streaming_mask(L: int, window: int, n_sink: int = 0) -> tuple[torch.Tensor, 
 
 
 def windows(text: str | None = None, context: int = 256, n: int | None = None) -> torch.Tensor:
-    """Non-overlapping windows of ``context − 1`` characters, each with BOS in front: (N, context)."""
-    codes = Tokenizer().encode(text, bos=False)
+    """Non-overlapping windows of ``context − 1`` characters of ``text`` (default: the held-out split), each with
+    BOS in front: ``(N, context)``; the first ``n`` only if given."""
+    codes = Tokenizer().encode(held_out_text() if text is None else text, bos=False)
     m = (len(codes) // (context - 1))
     if n is not None:
         m = min(m, n)
