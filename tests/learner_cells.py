@@ -432,7 +432,10 @@ def tpa_cache_elements(seq_lens, num_heads, head_dim, k_rank, v_rank, constant_h
     return tokens * (k_rank * (A + head_dim) + v_rank * (A + head_dim))
 ''', [('''
 def tpa_cache_elements(seq_lens, num_heads, head_dim, k_rank, v_rank, constant_heads):
-    return len(seq_lens) * max(seq_lens) * (k_rank + v_rank) * (num_heads + head_dim)
+    return sum(seq_lens) * (k_rank + v_rank) * (num_heads + head_dim)
+''', "constant head factors are weights"), ('''
+def tpa_cache_elements(seq_lens, num_heads, head_dim, k_rank, v_rank, constant_heads):
+    return len(seq_lens) * max(seq_lens) * (k_rank + v_rank) * ((0 if constant_heads else num_heads) + head_dim)
 ''', "add the lengths"), ('''
 def tpa_cache_elements(seq_lens, num_heads, head_dim, k_rank, v_rank, constant_heads):
     return 2 * sum(seq_lens) * (k_rank + v_rank) * (num_heads + head_dim)

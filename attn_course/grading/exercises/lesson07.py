@@ -215,8 +215,9 @@ def _cache_cases(gen):
     makers = [lambda g: (lens(g, 10, 2000), choice(g, (12, 16, 32)), choice(g, (64, 128)), 2, randint(g, 1, 2), False),
               lambda g: (lens(g, 100, 9000), choice(g, (32, 64)), 128, randint(g, 1, 4), randint(g, 1, 4), True),
               lambda g: (lens(g, 1, 999), randint(g, 2, 16), 8 * randint(g, 1, 8), randint(g, 1, 4), randint(g, 1, 4),
-                         bool(randint(g, 0, 1)))]
-    # ragged lengths, and every mistake below gives its own number, different from the answer
+                         True)]
+    # ragged lengths; one case of contextual factors, two of constant ones (the lesson's formula passes only
+    # the first: 0 points); every mistake below gives its own number, different from the answer
     ok = lambda c: len(set(c[0])) > 1 and distinct(_cache_elements(c), *(v for v, _ in _cache_mistakes(c)))
     return [Case("lengths={}, H={}, d_h={}, R_k={}, R_v={}, constant head factors={}".format(*c),
                  params=dict(zip(_CACHE_KEYS, c))) for c in (draw(gen, make, ok) for make in makers)]
