@@ -2,6 +2,7 @@
 lesson's own formula, copied, misses full marks with a hint that says why, in ``check()`` and in the bulk
 grader alike; the learner's own derivation (tests/learner_cells.py, written in another style than the
 solution) gets full marks in both."""
+import sys
 from pathlib import Path
 
 import nbformat
@@ -29,6 +30,19 @@ def test_the_lesson_s_formula_copied_misses_full_marks(ex_id, capsys):
     assert check_cell(ex_id, CELLS[ex_id][1]).score == result.max_score
 
 
+def _this_checkout_python(tmp_path) -> str:
+    """A Python for the grader's child that imports THIS checkout's ``attn_course`` (``python -I`` alone would
+    import the installed one, which in a second worktree is another checkout's)."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"""#!/bin/sh
+for last; do :; done
+exec {sys.executable} -I -c "import sys, runpy; sys.path.insert(0, {str(ROOT)!r}); \\
+runpy.run_module('attn_course.grading._child', run_name='__main__', alter_sys=True)" "$last"
+""")
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
 def test_the_bulk_grader_agrees(tmp_path, capsys):
     subs = tmp_path / "subs"
     subs.mkdir()
@@ -42,7 +56,8 @@ def test_the_bulk_grader_agrees(tmp_path, capsys):
             nbformat.write(nb, str(subs / f"{which}_{stem}.ipynb"))
             want[f"{which}_{stem}"] = (ex_id, check_cell(ex_id, source).score)
     capsys.readouterr()
-    reports = grade_batch([subs], tmp_path / "out", Options(timeout=120, jobs=1, seed=SELF_CHECK_SEED), root=ROOT,
+    reports = grade_batch([subs], tmp_path / "out", Options(timeout=120, jobs=1, seed=SELF_CHECK_SEED,
+                                                              python=_this_checkout_python(tmp_path)), root=ROOT,
                           progress=False)
     assert len(reports) == 6
     for r in reports:
