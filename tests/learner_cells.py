@@ -142,11 +142,16 @@ def mha_forward(x, W_q, W_k, W_v, W_o, num_heads, causal):
 ''', "√d_model")])
 
 CELLS["02_mha_flops"] = ("mha_flops", '''
-def mha_flops(B, L, d_model):
-    return 8 * B * L * d_model ** 2 + 4 * B * L ** 2 * d_model
+def mha_flops(B, L, d_model, num_heads, head_dim):
+    width = num_heads * head_dim
+    return 8 * B * L * d_model * width + 4 * B * num_heads * L ** 2 * head_dim
 ''', [('''
-def mha_flops(B, L, d_model):
-    return 6 * B * L * d_model ** 2 + 4 * B * L ** 2 * d_model
+def mha_flops(B, L, d_model, num_heads, head_dim):
+    return 8 * B * L * d_model ** 2 + 4 * B * L ** 2 * d_model
+''', "lesson's count"), ('''
+def mha_flops(B, L, d_model, num_heads, head_dim):
+    width = num_heads * head_dim
+    return 6 * B * L * d_model * width + 4 * B * L ** 2 * width
 ''', "3 projections")])
 
 # ---- lesson 03 -------------------------------------------------------------------------------------------
@@ -306,13 +311,15 @@ def temporal_weights(q, k, T):
     return torch.softmax((q @ k.mT + T @ T.mT / n) / math.sqrt(q.shape[-1]), dim=-1)
 ''', "you added the time")])
 
-CELLS["05_rank_one_scale"] = ("rank_one_scale", '''
-def rank_one_scale(L, t_norm, d_h):
-    return L ** 0.5 / t_norm / d_h ** 0.5
+CELLS["05_rank_one_scale"] = ("period_scales", '''
+def period_scales(L1, n1, L2, n2, d_h):
+    """TᵀT = L1 t̄1 t̄1ᵀ + L2 t̄2 t̄2ᵀ; ‖T‖_F² adds the squared norms of all rows."""
+    fro = (L1 * n1 ** 2 + L2 * n2 ** 2) ** 0.5
+    return L1 / fro / d_h ** 0.5, L2 / fro / d_h ** 0.5
 ''', [('''
-def rank_one_scale(L, t_norm, d_h):
-    return 1 / (t_norm * math.sqrt(d_h))
-''', "√L is missing")])
+def period_scales(L1, n1, L2, n2, d_h):
+    return math.sqrt(L1) / (n1 * math.sqrt(d_h)), math.sqrt(L2) / (n2 * math.sqrt(d_h))
+''', "one-period factor")])
 
 CELLS["05_video_frames"] = ("frames_to_sequences", '''
 from einops import rearrange
@@ -419,13 +426,19 @@ def rotated_qkv(A_q, B_q, A_k, B_k, A_v, B_v, start):
 ''', "values get no RoPE")])
 
 CELLS["07_cache_elements"] = ("tpa_cache_elements", '''
-def tpa_cache_elements(seq_len, num_heads, head_dim, k_rank, v_rank, batch_size):
-    A_k, B_k = k_rank * num_heads, k_rank * head_dim
-    A_v, B_v = v_rank * num_heads, v_rank * head_dim
-    return batch_size * seq_len * (A_k + B_k + A_v + B_v)
+def tpa_cache_elements(seq_lens, num_heads, head_dim, k_rank, v_rank, constant_heads):
+    tokens = sum(seq_lens)                              # each sequence caches its own tokens
+    A = 0 if constant_heads else num_heads              # constant head factors are weights, not cache
+    return tokens * (k_rank * (A + head_dim) + v_rank * (A + head_dim))
 ''', [('''
-def tpa_cache_elements(seq_len, num_heads, head_dim, k_rank, v_rank, batch_size):
-    return 2 * batch_size * seq_len * (k_rank + v_rank) * (num_heads + head_dim)
+def tpa_cache_elements(seq_lens, num_heads, head_dim, k_rank, v_rank, constant_heads):
+    return sum(seq_lens) * (k_rank + v_rank) * (num_heads + head_dim)
+''', "constant head factors are weights"), ('''
+def tpa_cache_elements(seq_lens, num_heads, head_dim, k_rank, v_rank, constant_heads):
+    return len(seq_lens) * max(seq_lens) * (k_rank + v_rank) * ((0 if constant_heads else num_heads) + head_dim)
+''', "add the lengths"), ('''
+def tpa_cache_elements(seq_lens, num_heads, head_dim, k_rank, v_rank, constant_heads):
+    return 2 * sum(seq_lens) * (k_rank + v_rank) * (num_heads + head_dim)
 ''', "counted keys and values twice")])
 
 CELLS["07_fix_seed_attention"] = ("fixed_attention", '''

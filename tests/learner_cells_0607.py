@@ -133,7 +133,7 @@ CELLS["07_tpa_decode_step"] = ("tpa_decode_step", _STEP, [
         'torch.cat([cache["B_v"], project("W_B_v", False)], 1)', 'torch.cat([project("W_B_v", False), cache["B_v"]], 1)'),
      "at the END of the cache"),
     (_edit(_STEP, 'return out, (new_cache["A_k"], new_cache["B_k"], new_cache["A_v"], new_cache["B_v"])',
-           'return out, (new_cache["A_k"], K, new_cache["A_v"], V)'), "B_k: expected shape"),
+           'return out, (new_cache["A_k"], K, new_cache["A_v"], V)'), "holds the per-head keys"),
     ('''
 from attn_course import TensorProductAttention
 from attn_course.tpa import TPACache

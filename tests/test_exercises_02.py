@@ -63,13 +63,18 @@ def test_mha_forward():
 
 # --- flops -------------------------------------------------------------------------------------------
 
+def _mha_flops(B, L, d, H, dh, proj=4, per_mac=2, products=2):
+    return per_mac * (proj * B * L * d * H * dh + products * B * H * L * L * dh)
+
+
 @pytest.mark.parametrize("fn,fragment", [
-    (lambda B, L, d: 6 * B * L * d * d + 4 * B * L * L * d, "W^O"),
-    (lambda B, L, d: 4 * B * L * d * d + 2 * B * L * L * d, "multiply-add as 1"),
-    (lambda B, L, d: 8 * B * L * d * d + 2 * B * L * L * d, "only one of the two"),
-    (lambda B, L, d: 8 * B * L * d * d, "attention matmuls are missing"),
-    (lambda B, L, d: 4 * B * L * L * d, "projections are missing"),
+    (lambda B, L, d, H, dh: 8 * B * L * d * d + 4 * B * L * L * d, "lesson's count for heads of width d_model/H"),
+    (lambda *a: _mha_flops(*a, proj=3), "W^O"),
+    (lambda *a: _mha_flops(*a, per_mac=1), "multiply-add as 1"),
+    (lambda *a: _mha_flops(*a, products=1), "only one of the two"),
+    (lambda *a: _mha_flops(*a, products=0), "attention products are missing"),
+    (lambda *a: _mha_flops(*a, proj=0), "projections are missing"),
 ])
 def test_mha_flops(fn, fragment):
-    assert_all_pass("02_mha_flops", lambda B, L, d: 8 * B * L * d * d + 4 * B * L * L * d)
+    assert_all_pass("02_mha_flops", _mha_flops)
     assert_hint("02_mha_flops", fn, fragment)

@@ -17,7 +17,9 @@ def _assert_hint(ex_id, fn, hint):
 # ---- 04_cross_attend --------------------------------------------------------------------------------------
 
 def cross(x, context, w_q, w_k, w_v, num_heads, keep=None, *, swap=False, invert=False, ignore_mask=False,
-          scale_d_model=False, one_head=False, view_bug=False, dim=-1):
+          scale_d_model=False, one_head=False, view_bug=False, dim=-1, linear_layout=False):
+    if linear_layout:
+        w_q, w_k, w_v = w_q.T, w_k.T, w_v.T
     if swap:
         x, context = context, x
     B, Lq, d = x.shape
@@ -68,6 +70,13 @@ def test_cross_matches_nn_multihead_attention_without_out_proj():
 ])
 def test_cross_mistakes(kwargs, hint):
     _assert_hint("04_cross_attend", lambda *a: cross(*a, **kwargs), hint)
+
+
+def test_cross_linear_layout_is_named_on_every_case():
+    """Review 01-07, L04-B: x @ W.T gets the layout named — by value where the weights are square, and from the
+    matmul's shape error where the context width differs from d_model."""
+    res = results("04_cross_attend", lambda *a: cross(*a, linear_layout=True))
+    assert not any(ok for ok, _ in res) and all("nn.Linear's layout" in m for _, m in res), res
 
 
 # ---- 04_mha_key_padding -------------------------------------------------------------------------------------

@@ -86,27 +86,38 @@ def test_temporal_weights_mistakes(kwargs, hint):
 
 # ---- 05_rank_one_scale ----------------------------------------------------------------------------------------
 
+def _scales(L1, n1, L2, n2, d, norm=None):
+    norm = math.sqrt(L1 * n1 ** 2 + L2 * n2 ** 2) if norm is None else norm
+    return L1 / (norm * math.sqrt(d)), L2 / (norm * math.sqrt(d))
+
+
 def test_rank_one_scale():
-    assert_all_pass("05_rank_one_scale", lambda L, n, d: math.sqrt(L) / (n * math.sqrt(d)))
-    _assert_hint("05_rank_one_scale", lambda L, n, d: 1 / (n * math.sqrt(d)), "√L is missing")
-    _assert_hint("05_rank_one_scale", lambda L, n, d: L / (n * math.sqrt(d)), "L instead of √L")
-    _assert_hint("05_rank_one_scale", lambda L, n, d: math.sqrt(L) / n, "1/√d_h")
-    _assert_hint("05_rank_one_scale", lambda L, n, d: math.sqrt(L) / (n * n * math.sqrt(d)), "‖t̄‖ appears once")
+    assert_all_pass("05_rank_one_scale", _scales)
+    rd = math.sqrt
+    _assert_hint("05_rank_one_scale", lambda L1, n1, L2, n2, d: (rd(L1) / (n1 * rd(d)), rd(L2) / (n2 * rd(d))),
+                 "one-period factor")
+    _assert_hint("05_rank_one_scale", lambda L1, n1, L2, n2, d: _scales(L1, n1, L2, n2, d, L1 * n1 + L2 * n2),
+                 "L1‖t̄1‖ + L2‖t̄2‖")
+    _assert_hint("05_rank_one_scale",
+                 lambda L1, n1, L2, n2, d: _scales(L1, n1, L2, n2, d, rd(L1) * n1 + rd(L2) * n2), "blocks' norms")
+    _assert_hint("05_rank_one_scale", lambda L1, n1, L2, n2, d: tuple(c * rd(d) for c in _scales(L1, n1, L2, n2, d)),
+                 "1/√d_h")
+    _assert_hint("05_rank_one_scale", lambda *a: _scales(*a)[::-1], "swapped")
 
 
 def test_rank_one_scale_matches_the_module():
-    """The exercise's c is the factor of the real module's scores (independent check of the reference)."""
+    """The exercise's c1, c2 are the factors of the real module's scores (independent check of the reference):
+    S = c1 (Q t̄1)(K t̄1)ᵀ + c2 (Q t̄2)(K t̄2)ᵀ."""
     from attn_course import TemporalAttention
     m = TemporalAttention(8, 1, 3).double().eval()
-    x, t = torch.randn(1, 5, 8, dtype=torch.double), torch.randn(1, 1, 3, dtype=torch.double)
+    x, t = torch.randn(1, 5, 8, dtype=torch.double), torch.randn(1, 2, 3, dtype=torch.double)
     with torch.no_grad():
-        q, k, tb = m.q_proj(x)[0], m.k_proj(x)[0], m.t_proj(t)[0, 0]
-    T = tb.expand(5, 8)
+        q, k, tb = m.q_proj(x)[0], m.k_proj(x)[0], m.t_proj(t)[0]          # tb (2, 8): the two periods
+    T = torch.cat((tb[0].expand(2, 8), tb[1].expand(3, 8)))                 # L1 = 2 tokens, then L2 = 3
     S = q @ (T.T @ T / torch.linalg.norm(T)) @ k.T / math.sqrt(8)
-    ex = get("05_rank_one_scale")
-    case = Case("L=5", params={"L": 5, "t_norm": float(tb.norm()), "d_h": 8})
-    c = ex.expected(case)["c"]
-    torch.testing.assert_close(S, c * torch.outer(q @ tb, k @ tb))
+    case = Case("two periods", params={"L1": 2, "n1": float(tb[0].norm()), "L2": 3, "n2": float(tb[1].norm()), "d_h": 8})
+    c1, c2 = get("05_rank_one_scale").expected(case)["c"]
+    torch.testing.assert_close(S, c1 * torch.outer(q @ tb[0], k @ tb[0]) + c2 * torch.outer(q @ tb[1], k @ tb[1]))
 
 
 # ---- 05_video_frames ------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import exercise_kit
+from attn_course.grading.exercises import get
 from exercise_kit import results
 
 # some cases cannot tell two mistakes apart, so a mistake need only be named on the cases that can
@@ -135,6 +136,17 @@ def test_cbam_forward_reference_passes_and_equals_the_module():
                        m.spatial.conv.weight)
     for a, b in zip(got, (y, M_c, M_s)):
         torch.testing.assert_close(a, b)
+    ex = get("06_cbam_forward")                         # the grader's reference (equations) equals the module
+    for case in ex.cases(torch.Generator().manual_seed(5)):
+        i = case.inputs
+        m = CBAM(i["x"].shape[1], case.params["reduction"], i["conv_w"].shape[-1])
+        m.load_state_dict({"channel.fc1.weight": i["W0"], "channel.fc1.bias": i["b0"], "channel.fc2.weight": i["W1"],
+                           "channel.fc2.bias": i["b1"], "spatial.conv.weight": i["conv_w"]})
+        with torch.no_grad():
+            y, (M_c, M_s) = m(i["x"])
+        want = ex.expected(case)
+        for key, b in zip(("y", "M_c", "M_s"), (y, M_c, M_s)):
+            torch.testing.assert_close(want[key], b, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("kw,fragment", [

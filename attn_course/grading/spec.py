@@ -94,6 +94,10 @@ class Exercise:
     #   An exercise with ``rank_by`` gives the whole class ONE seed (selfcheck.exercise_seed), never one per cell.
     time_factor: float = 0.0                        # > 0: the grader's time limit for this lesson is this many
     #   times the course's own solution's run, measured at grade time (runner.calibrate), at least --timeout
+    budget: dict[str, float] | None = None          # the trace budget (grading/budget.py): {metric: factor}, each
+    #   metric of the learner's call ("flops", "written", "ops", "largest") at most factor × the reference's
+    reference_fn: Callable[[Case], Any] | None = None   # the plain-torch reference whose cost sets the budget,
+    #   run on the same case (default: ``expected_fn``)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -115,8 +119,23 @@ class Exercise:
         return self.cases_fn(gen)
 
     def answer(self, obj: Any, case: Case) -> dict[str, torch.Tensor]:
-        """Apply the learner's object to ``case``. With ``max_numel_fn``, raises :class:`NotTiled` when the
-        learner's code created a tensor of ``max_numel_fn(case)`` elements or more."""
+        """Apply the learner's object to ``case``. With ``budget``, raises :class:`~.budget.OverBudget` when the
+        call cost more than the budget allows against the reference on this case. With ``max_numel_fn``,
+        raises :class:`NotTiled` when the learner's code created a tensor of ``max_numel_fn(case)`` elements
+        or more."""
+        if self.budget:
+            from .budget import OverBudget, Trace, over_budget
+            with Trace() as mine:
+                got = self._answer(obj, case)
+            with Trace() as ref:
+                (self.reference_fn or self.expected_fn)(case)
+            hint = over_budget(mine, ref, self.budget)
+            if hint:
+                raise OverBudget(hint)
+            return got
+        return self._answer(obj, case)
+
+    def _answer(self, obj: Any, case: Case) -> dict[str, torch.Tensor]:
         limit = self.max_numel_fn(case) if self.max_numel_fn is not None else None
         if limit is None:
             return self.answer_fn(obj, case)

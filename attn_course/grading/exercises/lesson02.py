@@ -11,7 +11,7 @@ import math
 import torch
 from einops import rearrange
 
-from ..spec import Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, close, diagnose, randint
+from ..spec import Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, close, diagnose, draw, randint
 
 __all__ = ["EXERCISES"]
 
@@ -142,22 +142,31 @@ def _mha_judge(got, want, case):
 
 
 # ---- 02_mha_flops -------------------------------------------------------------------------------------
+# The lesson prints 8·B·L·d² + 4·B·L²·d for heads of width d_model/H; the exercise draws heads whose total
+# width H·d_h differs from d_model (as in Gemma or T5), so the learner derives the count (review 01-07, E02.4).
 
 def _flops_cases(gen):
-    shapes = [(randint(gen, 1, 4), randint(gen, 2, 16), 8 * randint(gen, 2, 8)),
-              (randint(gen, 1, 8), randint(gen, 100, 2048), 64 * randint(gen, 2, 16)),
-              (randint(gen, 2, 4), randint(gen, 2048, 8192), 128 * randint(gen, 4, 16))]
-    return [Case(f"B={B}, L={L}, d_model={D}", params={"B": B, "L": L, "d_model": D}) for B, L, D in shapes]
+    def make(g, L_lo, L_hi, d_lo, d_hi):
+        B, L, D = randint(g, 1, 4), randint(g, L_lo, L_hi), 16 * randint(g, d_lo, d_hi)
+        H, dh = randint(g, 2, 16), 8 * randint(g, 1, 16)
+        return B, L, D, H, dh
+    shapes = [draw(gen, lambda g: make(g, 2, 64, 2, 8), lambda s: s[3] * s[4] != s[2]),
+              draw(gen, lambda g: make(g, 100, 2048, 8, 48), lambda s: s[3] * s[4] != s[2]),
+              draw(gen, lambda g: make(g, 2048, 8192, 16, 64), lambda s: s[3] * s[4] != s[2])]
+    return [Case(f"B={B}, L={L}, d_model={D}, H={H}, d_h={dh}",
+                 params={"B": B, "L": L, "d_model": D, "num_heads": H, "head_dim": dh}) for B, L, D, H, dh in shapes]
 
 
 def _flops_answer(fn, case):
     p = case.params
-    return {"flops": torch.tensor(int(fn(p["B"], p["L"], p["d_model"])), dtype=torch.int64)}
+    return {"flops": torch.tensor(int(fn(p["B"], p["L"], p["d_model"], p["num_heads"], p["head_dim"])),
+                                  dtype=torch.int64)}
 
 
 def _flops_parts(case):
-    B, L, D = case.params["B"], case.params["L"], case.params["d_model"]
-    return 2 * B * L * D * D, 2 * B * L * L * D        # one d×d projection; one L×L×d matmul
+    p = case.params
+    B, L, D, inner = p["B"], p["L"], p["d_model"], p["num_heads"] * p["head_dim"]
+    return 2 * B * L * D * inner, 2 * B * L * L * inner    # one d_model × H·d_h projection; one L×L product
 
 
 def _flops_expected(case):
@@ -170,16 +179,18 @@ def _flops_judge(got, want, case):
     if g == int(want["flops"]):
         return Verdict(True)
     proj, mm = _flops_parts(case)
-    for hint, value in [
-        ("you counted 3 projections; the output projection W^O is a fourth d_model × d_model matmul.", 3 * proj + 2 * mm),
+    B, L, D = case.params["B"], case.params["L"], case.params["d_model"]
+    return diagnose(g, [
+        ("that is the lesson's count for heads of width d_model/H; here the heads are H·d_h wide in all, which is "
+         "not d_model: each projection maps d_model to H·d_h (or back), and the L×L products run over H·d_h.",
+         8 * B * L * D * D + 4 * B * L * L * D),
+        ("you counted 3 projections; the output projection W^O (H·d_h → d_model) is a fourth.", 3 * proj + 2 * mm),
         ("you counted a multiply-add as 1 FLOP; the convention here is 2 (one multiply, one add).", (4 * proj + 2 * mm) // 2),
-        ("only one of the two L×L matmuls: both Q Kᵀ and weights @ V cost 2·B·L²·d_model.", 4 * proj + mm),
-        ("the attention matmuls are missing: add 2·B·L²·d_model for Q Kᵀ and the same for weights @ V.", 4 * proj),
-        ("the projections are missing: 4 matmuls of (B·L, d_model) by (d_model, d_model), 2·B·L·d_model² each.", 2 * mm),
-    ]:
-        if g == value:
-            return Verdict(False, hint)
-    return Verdict(False, f"expected 8·B·L·d² + 4·B·L²·d FLOPs, got {g:,}.")
+        ("only one of the two L×L products: both Q Kᵀ and weights @ V cost 2·B·H·L²·d_h.", 4 * proj + mm),
+        ("the attention products are missing: add 2·B·H·L²·d_h for Q Kᵀ and the same for weights @ V.", 4 * proj),
+        ("the projections are missing: 4 matmuls between d_model and H·d_h features for B·L tokens.", 2 * mm),
+    ], f"expected the matmul FLOPs of the 4 projections (d_model ↔ H·d_h) and the 2 L×L products, got {g:,}.",
+        same=lambda a, b: a == b)
 
 
 EXERCISES = [
@@ -193,6 +204,6 @@ EXERCISES = [
     Exercise("02_mha_forward", 3, "Multi-head self-attention from its weights",
              "a function mha_forward(x, W_q, W_k, W_v, W_o, num_heads, causal) -> (B, L, d_model)",
              _mha_cases, _mha_answer, _mha_expected, _mha_judge, forbidden=FORBID_SDPA + FORBID_COURSE, kind="build"),
-    Exercise("02_mha_flops", 2, "Count the FLOPs of a layer", "a function mha_flops(B, L, d_model) -> int",
+    Exercise("02_mha_flops", 2, "Count the FLOPs of a layer", "a function mha_flops(B, L, d_model, num_heads, head_dim) -> int",
              _flops_cases, _flops_answer, _flops_expected, _flops_judge, kind="compute"),      # no helper computes it: no rule
 ]

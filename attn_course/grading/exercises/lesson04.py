@@ -49,6 +49,15 @@ def _cross_cases(gen):
     return cases
 
 
+_LINEAR_LAYOUT = ("you used nn.Linear's layout, x @ W.T; this exercise's weights are (in, out), as the prompt says: "
+                  "Q = x @ w_q, K = context @ w_k, V = context @ w_v.")
+
+
+def _cross_error_hint(case, error):
+    """A matmul shape error on a case whose context width differs from d_model: the nn.Linear layout."""
+    return _LINEAR_LAYOUT if "cannot be multiplied" in error else None
+
+
 def _cross_answer(fn, case):
     i = case.inputs
     return {"out": fn(i["x"], i["context"], i["w_q"], i["w_k"], i["w_v"], case.params["num_heads"], i.get("keep"))}
@@ -65,8 +74,10 @@ def _merge(t):                                                        # (B, H, L
 
 
 def _cross_ref(x, context, w_q, w_k, w_v, H, keep=None, *, swap=False, polarity=True, scale="d_h", dim=-1,
-               heads=True, bad_split=False, raw=False):
+               heads=True, bad_split=False, raw=False, linear_layout=False):
     x, context = x.to(_F64), context.to(_F64)
+    if linear_layout:                                                         # x @ W.T, nn.Linear's (out, in)
+        w_q, w_k, w_v = w_q.T, w_k.T, w_v.T
     qs, ks = (context, x) if swap else (x, context)
     Q, K, V = qs @ w_q.to(_F64), ks @ w_k.to(_F64), ks @ w_v.to(_F64)         # (B, L, d_model)
     if not heads:
@@ -101,6 +112,7 @@ def _cross_judge(got, want, case):
         return a if matches(got["out"], a) else b
 
     candidates = [
+        (_LINEAR_LAYOUT, cand(linear_layout=True)),
         ("your queries come from the context and your keys/values from x: in cross-attention the queries "
          "come from x (the sequence that asks), keys and values from the context.",
          cand(swap=True) if same_shapes else None),
@@ -261,7 +273,8 @@ def _split_judge(got, want, case):
 EXERCISES = [
     Exercise("04_cross_attend", 4, "Multi-head cross-attention by hand",
              "a function cross_attend(x, context, w_q, w_k, w_v, num_heads, keep=None) -> (B, Lq, d_model)",
-             _cross_cases, _cross_answer, _cross_expected, _cross_judge, forbidden=FORBID_SDPA + FORBID_COURSE, kind="build"),
+             _cross_cases, _cross_answer, _cross_expected, _cross_judge, forbidden=FORBID_SDPA + FORBID_COURSE,
+             error_hint_fn=_cross_error_hint, kind="build"),
     Exercise("04_mha_key_padding", 2, "A key_padding_mask for nn.MultiheadAttention",
              "a function mha_key_padding(lengths, max_len) -> bool (B, max_len)",
              _kpm_cases, _kpm_answer, _kpm_expected, _kpm_judge, forbidden=FORBID_COURSE, kind="compute"),   # one line

@@ -137,51 +137,63 @@ def _tw_judge(got, want, case):
 
 
 # ---- 05_rank_one_scale ----------------------------------------------------------------------------------
+# The lesson derives c for one time per sequence; the exercise gives a sequence whose tokens come from two
+# periods (L1 tokens at t̄1, L2 at t̄2): the scores are rank two, and the learner derives both factors
+# (review 01-07, E05.3: the one-period c is printed by the lesson).
 
-def _r1_cases(gen):
-    makers = [lambda g: (randint(g, 2, 20), randint(g, 3, 8) / 2, choice(g, (8, 16, 32))),
-              lambda g: (randint(g, 21, 200), randint(g, 1, 3) / 4, choice(g, (32, 64, 128))),
-              lambda g: (randint(g, 2, 50), 1.25 + randint(g, 0, 8) / 4, choice(g, (8, 64))),
-              lambda g: (randint(g, 2, 50), 1.5, 32)]
-    # every mistake below gives its own value, different from the answer (‖t̄‖ ≠ 1, L ≠ d_h, ...)
-    ok = lambda c: distinct(*(round(x, 9) for x in (_r1_c(*c), *(v for _, v in _r1_mistakes(*c)))))
-    return [Case(f"L={L}, ‖t̄‖={n}, d_h={d}", params={"L": L, "t_norm": n, "d_h": d})
-            for L, n, d in (draw(gen, make, ok) for make in makers)]
+def _r1_c(L1, n1, L2, n2, d):
+    norm = math.sqrt(L1 * n1 * n1 + L2 * n2 * n2)            # ‖T‖_F: L1 rows of norm n1, L2 of norm n2
+    return L1 / (norm * math.sqrt(d)), L2 / (norm * math.sqrt(d))
 
 
-def _r1_answer(fn, case):
-    p = case.params
-    return {"c": torch.tensor(float(fn(p["L"], p["t_norm"], p["d_h"])), dtype=_F64)}
-
-
-def _r1_c(L, n, d):
-    return math.sqrt(L) / (n * math.sqrt(d))
-
-
-def _r1_expected(case):
-    p = case.params
-    return {"c": torch.tensor(_r1_c(p["L"], p["t_norm"], p["d_h"]), dtype=_F64)}
-
-
-def _r1_mistakes(L, n, d) -> list[tuple[str, float]]:
+def _r1_mistakes(L1, n1, L2, n2, d) -> list[tuple[str, tuple[float, float]]]:
+    rd = math.sqrt(d)
     return [
-        ("the √L is missing: TᵀT = L t̄t̄ᵀ (L equal rows) while ‖T‖_F = √L ‖t̄‖, which leaves √L.",
-         1 / (n * math.sqrt(d))),
-        ("you have L instead of √L: ‖T‖_F = √L ‖t̄‖ (the Frobenius norm of L equal rows), so L / √L = √L.",
-         L / (n * math.sqrt(d))),
-        ("the 1/√d_h of the attention scores is missing.", math.sqrt(L) / n),
-        ("‖t̄‖ appears once: t̄t̄ᵀ/‖T‖_F leaves one ‖t̄‖ in the denominator, not ‖t̄‖².",
-         math.sqrt(L) / (n * n * math.sqrt(d))),
+        ("that is the one-period factor √L/(‖t̄‖√d_h) applied to each period: both periods share ONE ‖T‖_F, "
+         "which sums the squared norms of all L1 + L2 rows.", (math.sqrt(L1) / (n1 * rd), math.sqrt(L2) / (n2 * rd))),
+        ("‖T‖_F is not L1‖t̄1‖ + L2‖t̄2‖: it is the square root of the sum of the squared norms of the rows.",
+         (L1 / ((L1 * n1 + L2 * n2) * rd), L2 / ((L1 * n1 + L2 * n2) * rd))),
+        ("‖T‖_F is not the sum of the two blocks' norms: square them, add, then take the root.",
+         (L1 / ((math.sqrt(L1) * n1 + math.sqrt(L2) * n2) * rd), L2 / ((math.sqrt(L1) * n1 + math.sqrt(L2) * n2) * rd))),
+        ("the 1/√d_h of the attention scores is missing.", tuple(c * rd for c in _r1_c(L1, n1, L2, n2, d))),
+        ("the two factors are swapped: c1 goes with t̄1, the period of the first L1 tokens.",
+         _r1_c(L1, n1, L2, n2, d)[::-1]),
     ]
 
 
+def _r1_cases(gen):
+    def make(g, lo, hi, dims):
+        return randint(g, lo, hi), randint(g, 2, 12) / 4, randint(g, lo, hi), randint(g, 2, 12) / 4, choice(g, dims)
+    makers = [lambda g: make(g, 1, 20, (8, 16, 32)), lambda g: make(g, 20, 200, (32, 64, 128)),
+              lambda g: make(g, 2, 50, (8, 64))]
+    # every mistake gives its own value, different from the answer (L1 ≠ L2, ‖t̄1‖ ≠ ‖t̄2‖, ...)
+    key = lambda pair: tuple(round(x, 9) for x in pair)
+    ok = lambda c: c[0] != c[2] and distinct(key(_r1_c(*c)), *(key(v) for _, v in _r1_mistakes(*c)))
+    return [Case(f"L1={L1}, ‖t̄1‖={n1}, L2={L2}, ‖t̄2‖={n2}, d_h={d}",
+                 params={"L1": L1, "n1": n1, "L2": L2, "n2": n2, "d_h": d})
+            for L1, n1, L2, n2, d in (draw(gen, make, ok) for make in makers)]
+
+
+def _r1_args(case):
+    p = case.params
+    return p["L1"], p["n1"], p["L2"], p["n2"], p["d_h"]
+
+
+def _r1_answer(fn, case):
+    c1, c2 = fn(*_r1_args(case))
+    return {"c": torch.tensor([float(c1), float(c2)], dtype=_F64)}
+
+
+def _r1_expected(case):
+    return {"c": torch.tensor(_r1_c(*_r1_args(case)), dtype=_F64)}
+
+
 def _r1_judge(got, want, case):
-    g = float(got["c"])
-    if math.isclose(g, float(want["c"]), rel_tol=1e-6):
+    if close(got["c"], want["c"], atol=0, rtol=1e-6):
         return Verdict(True)
-    L, n, d = case.params["L"], case.params["t_norm"], case.params["d_h"]
-    return diagnose(g, _r1_mistakes(L, n, d), "S = Q (TᵀT/‖T‖_F) Kᵀ/√d_h with T = L copies of t̄: write TᵀT and "
-                    "‖T‖_F in terms of L and t̄.", same=lambda a, b: math.isclose(a, b, rel_tol=1e-6))
+    cands = [(hint, torch.tensor(v, dtype=_F64)) for hint, v in _r1_mistakes(*_r1_args(case))]
+    return diagnose(got["c"], cands, "S = Q (TᵀT/‖T‖_F) Kᵀ/√d_h with T = L1 rows t̄1 then L2 rows t̄2: write TᵀT "
+                    "and ‖T‖_F in terms of L1, L2, t̄1 and t̄2.", same=lambda a, b: close(a, b, atol=0, rtol=1e-6))
 
 
 # ---- 05_video_frames ------------------------------------------------------------------------------------
@@ -225,8 +237,8 @@ EXERCISES = [
     Exercise("05_temporal_weights", 3, "Temporal attention weights",
              "a function temporal_weights(q, k, T) -> weights (B, H, L, L)",
              _tw_cases, _tw_answer, _tw_expected, _tw_judge, forbidden=FORBID_SDPA + FORBID_COURSE, kind="build"),
-    Exercise("05_rank_one_scale", 2, "The rank-one factor c",
-             "a function rank_one_scale(L, t_norm, d_h) -> float c",
+    Exercise("05_rank_one_scale", 2, "Two periods in one sequence: the factors c1, c2",
+             "a function period_scales(L1, n1, L2, n2, d_h) -> (c1, c2)",
              _r1_cases, _r1_answer, _r1_expected, _r1_judge, kind="compute"),
     Exercise("05_video_frames", 2, "Temporal attention in video models: frames as the sequence",
              "a function frames_to_sequences(x) -> (B·N, F, C)",

@@ -164,25 +164,9 @@ def _cbam_answer(fn, case):
     return {"y": y, "M_c": M_c, "M_s": M_s}
 
 
-def _cbam_module(case):
-    """attn_course.CBAM in float64 with the case's weights: the reference the learner's forward must equal."""
-    from ...vision import CBAM
-    i = case.inputs
-    C, k = i["x"].shape[1], i["conv_w"].shape[-1]
-    m = CBAM(C, case.params["reduction"], k).to(_F64)
-    m.load_state_dict({"channel.fc1.weight": i["W0"], "channel.fc1.bias": i["b0"], "channel.fc2.weight": i["W1"],
-                       "channel.fc2.bias": i["b1"], "spatial.conv.weight": i["conv_w"]})
-    return m
-
-
-def _cbam_expected(case):
-    with torch.no_grad():
-        y, (M_c, M_s) = _cbam_module(case)(case.inputs["x"].to(_F64))
-    return {"y": y.float(), "M_c": M_c.float(), "M_s": M_s.float()}
-
-
 def _cbam_variant(case, *, order="channel_first", pool=("mean", "max"), gate="sigmoid", channel="shared"):
-    """CBAM's forward in float64 by the equations, with switches for the classic mistakes."""
+    """CBAM's forward in float64 by the equations, with switches for the classic mistakes; with none switched on,
+    the reference (the tests check it against ``attn_course.CBAM``; this module never imports it)."""
     i = {k: v.to(_F64) for k, v in case.inputs.items()}
     x, k = i["x"], i["conv_w"].shape[-1]
     mlp = lambda f: torch.relu(f @ i["W0"].T + i["b0"]) @ i["W1"].T + i["b1"]                # noqa: E731
@@ -313,6 +297,6 @@ EXERCISES = [
              _params_cases, _params_answer, _params_expected, _params_judge, forbidden=FORBID_COURSE, kind="compute"),
     Exercise("06_cbam_forward", 4, "Assemble CBAM from its weights",
              "a function cbam_forward(x, W0, b0, W1, b1, conv_w) -> (y (B, C, H, W), M_c (B, C, 1, 1), M_s (B, 1, H, W))",
-             _cbam_cases, _cbam_answer, _cbam_expected, _cbam_judge, forbidden=FORBID_COURSE,
+             _cbam_cases, _cbam_answer, _cbam_variant, _cbam_judge, forbidden=FORBID_COURSE,
              error_hint_fn=_cbam_error_hint, kind="build"),
 ]

@@ -11,7 +11,8 @@ import math
 
 import torch
 
-from ..spec import Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, close, first_match, matches, randint, choice, draw, distinct
+from ..spec import (Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, choice, close, diagnose, distinct, draw, first_match,
+                    matches, randint)
 
 __all__ = ["EXERCISES"]
 
@@ -202,55 +203,66 @@ def _which_judge(got, want, case):
 
 
 # ---- 07_cache_elements ----------------------------------------------------------------------------------
+# The lesson prints the count for one configuration and the per-token formula; the exercise asks for a ragged
+# batch (each sequence caches its own tokens) and for TPA with constant head factors (the lesson's GQA-as-TPA,
+# whose A_k, A_v are weights, not cache), so the learner counts what is cached (review 01-07, E07.4).
+
+_CACHE_KEYS = ("seq_lens", "num_heads", "head_dim", "k_rank", "v_rank", "constant_heads")
+
 
 def _cache_cases(gen):
-    keys = ("seq_len", "num_heads", "head_dim", "k_rank", "v_rank", "batch_size")
-    makers = [lambda g: (1024 * randint(g, 1, 8), choice(g, (12, 16, 32)), choice(g, (64, 128)), 2, randint(g, 1, 2),
-                         randint(g, 2, 8)),
-              lambda g: (1024 * randint(g, 2, 32), choice(g, (32, 64)), 128, randint(g, 1, 2), 1, randint(g, 2, 4)),
-              lambda g: (randint(g, 10, 999), randint(g, 2, 16), 8 * randint(g, 1, 8), randint(g, 1, 4),
-                         randint(g, 1, 4), randint(g, 2, 8))]
-    # batch > 1 everywhere, and every mistake below gives its own number, different from the answer
-    ok = lambda c: distinct(_cache_elements(dict(zip(keys, c))), *(v for v, _ in _cache_mistakes(dict(zip(keys, c)))))
-    return [Case("seq_len={}, H={}, d_h={}, R_k={}, R_v={}, batch={}".format(*c), params=dict(zip(keys, c)))
-            for c in (draw(gen, make, ok) for make in makers)]
+    lens = lambda g, lo, hi: [randint(g, lo, hi) for _ in range(randint(g, 2, 5))]
+    makers = [lambda g: (lens(g, 10, 2000), choice(g, (12, 16, 32)), choice(g, (64, 128)), 2, randint(g, 1, 2), False),
+              lambda g: (lens(g, 100, 9000), choice(g, (32, 64)), 128, randint(g, 1, 4), randint(g, 1, 4), True),
+              lambda g: (lens(g, 1, 999), randint(g, 2, 16), 8 * randint(g, 1, 8), randint(g, 1, 4), randint(g, 1, 4),
+                         True)]
+    # ragged lengths; one case of contextual factors, two of constant ones (the lesson's formula passes only
+    # the first: 0 points); every mistake below gives its own number, different from the answer
+    ok = lambda c: len(set(c[0])) > 1 and distinct(_cache_elements(c), *(v for v, _ in _cache_mistakes(c)))
+    return [Case("lengths={}, H={}, d_h={}, R_k={}, R_v={}, constant head factors={}".format(*c),
+                 params=dict(zip(_CACHE_KEYS, c))) for c in (draw(gen, make, ok) for make in makers)]
 
 
 def _cache_answer(fn, case):
-    return {"elements": torch.tensor(int(fn(*case.params.values())), dtype=torch.int64)}
+    p = case.params
+    return {"elements": torch.tensor(int(fn(list(p["seq_lens"]), *(p[k] for k in _CACHE_KEYS[1:]))),
+                                     dtype=torch.int64)}
+
+
+def _cache_elements(c) -> int:
+    lens, H, d, rk, rv, const = c
+    return sum(lens) * (rk + rv) * ((0 if const else H) + d)
 
 
 def _cache_expected(case):
-    p = case.params
-    return {"elements": torch.tensor(p["batch_size"] * p["seq_len"] * (p["k_rank"] + p["v_rank"])
-                                     * (p["num_heads"] + p["head_dim"]), dtype=torch.int64)}
+    return {"elements": torch.tensor(_cache_elements([case.params[k] for k in _CACHE_KEYS]), dtype=torch.int64)}
 
 
-def _cache_elements(p) -> int:
-    return p["batch_size"] * p["seq_len"] * (p["k_rank"] + p["v_rank"]) * (p["num_heads"] + p["head_dim"])
-
-
-def _cache_mistakes(p) -> list[tuple[int, str]]:
-    w = _cache_elements(p)
-    L, H, d, rk, rv, b = (p[k] for k in ("seq_len", "num_heads", "head_dim", "k_rank", "v_rank", "batch_size"))
-    return [
-        (2 * w, "you counted keys and values twice (the blog post's 2·L·(R_k+R_v)·(H+d_h)): R_k + R_v already "
-                "covers both."),
-        (b * L * 2 * H * d, "that is the MHA cache, 2·H·d_h per token; TPA caches the factors A_k, B_k, A_v, B_v."),
-        (b * L * (rk + rv) * H * d, "a rank-R factor pair of an H×d_h matrix holds R·(H + d_h) numbers, not R·H·d_h."),
-        (b * L * rk * (H + d), "the values' factors A_v, B_v are cached too: (R_k + R_v)·(H + d_h) per token."),
-        (w // b, "multiply by the batch size: every sequence has its own cache."),
-    ]
+def _cache_mistakes(c) -> list[tuple[int, str]]:
+    lens, H, d, rk, rv, const = c
+    n, w = sum(lens), _cache_elements(c)
+    out = [(len(lens) * max(lens) * w // n, "each sequence caches its own tokens: add the lengths, do not pad "
+                                            "every sequence to the longest."),
+           (2 * w, "you counted keys and values twice (the blog post's 2·L·(R_k+R_v)·(H+d_h)): R_k + R_v already "
+                   "covers both."),
+           (n * 2 * H * d, "that is the MHA cache, 2·H·d_h per token; TPA caches the factors."),
+           (n * rk * ((0 if const else H) + d), "the values' factors are cached too: R_k + R_v.")]
+    if const:
+        out.append((n * (rk + rv) * (H + d), "constant head factors are weights, shared by every token: the cache "
+                                             "holds only what depends on the token, B_k and B_v."))
+    else:
+        out.append((n * (rk + rv) * H * d, "a rank-R factor pair of an H×d_h matrix holds R·(H + d_h) numbers, "
+                                           "not R·H·d_h."))
+    return out
 
 
 def _cache_judge(got, want, case):
-    g, w = int(got["elements"]), int(want["elements"])
-    if g == w:
+    g = int(got["elements"])
+    if g == int(want["elements"]):
         return Verdict(True)
-    for value, hint in _cache_mistakes(case.params):
-        if g == value:
-            return Verdict(False, hint)
-    return Verdict(False, f"got {g:,}, expected {w:,} elements: per token TPA caches (R_k + R_v)·(H + d_h).")
+    return diagnose(g, [(h, v) for v, h in _cache_mistakes([case.params[k] for k in _CACHE_KEYS])],
+                    f"got {g:,}: per token TPA caches R·(H + d_h) numbers for each of keys and values, counting only "
+                    f"the factors that depend on the token.", same=lambda a, b: a == b)
 
 
 # ---- 07_fix_seed_attention ------------------------------------------------------------------------------
@@ -329,7 +341,7 @@ def _fix_judge(got, want, case):
     return Verdict(False, hint or f"wrong values (largest difference {_max_diff(got['out'], want['out'])}).")
 
 
-# ---- 07_tpa_decode_step: one new token, the factor cache, graded against attn_course.TensorProductAttention -----
+# ---- 07_tpa_decode_step: one new token, the factor cache, graded against the paper's equations ---------------
 
 _CACHE = ("A_k", "B_k", "A_v", "B_v")
 _WEIGHTS = ("W_A_q", "W_B_q", "W_A_k", "W_B_k", "W_A_v", "W_B_v", "W_o")
@@ -357,25 +369,27 @@ def _step_cases(gen):
     return cases
 
 
+_PER_HEAD = ("your cache holds the per-head keys or values (B, S + 1, H, d_h): a TPA cache keeps the FACTORS "
+             "A_k, B_k, A_v, B_v, and combines them only to attend.")
+
+
 def _step_answer(fn, case):
     i = case.inputs
     out, new = fn(i["x"], {k: i[k] for k in _CACHE}, {k: i[k] for k in _WEIGHTS}, case.params["H"])
     new = [new[k] for k in _CACHE] if isinstance(new, dict) else list(new)
+    B, S, H, _, Rk, Rv, d, _ = _step_sizes(case)
+    # named before the shape check rejects it (review 01-07, G-3): a per-head K or V has H rows, not R
+    per_head = (B, S + 1, H, d)
+    if len(new) == 4 and any(isinstance(t, torch.Tensor) and tuple(t.shape) == per_head != (B, S + 1, R, d)
+                             for t, R in ((new[1], Rk), (new[3], Rv))):
+        raise ValueError(_PER_HEAD)
     return {"out": out, **dict(zip(_CACHE, new))}
 
 
 def _step_expected(case):
-    """attn_course.TensorProductAttention (float64, the case's weights) over a TPACache holding the case's factors."""
-    from ...tpa import TensorProductAttention, TPACache
-    i = {k: v.to(_F64) for k, v in case.inputs.items()}
-    B, S, H, Rq, Rk, Rv, d, D = _step_sizes(case)
-    m = TensorProductAttention(D, H, d, Rq, Rk, Rv).to(_F64)
-    m.load_state_dict({f"{k}.weight": i[k] for k in _WEIGHTS[:-1]} | {"out_proj.weight": i["W_o"]})
-    cache = TPACache()
-    cache.update(*(i[k] for k in _CACHE))
-    with torch.no_grad():
-        out, _ = m(i["x"], cache=cache)
-    return {"out": out.float(), **{k: getattr(cache, k).float() for k in _CACHE}}
+    """The step from the paper's equations in float64 (:func:`_step`, no mistake switched on); the tests check it
+    against attn_course.TensorProductAttention over a TPACache."""
+    return _step(case)
 
 
 def _step(case, *, scale="R", head_major=True, pos="S", rotate=("q", "k"), rerotate_cache=False, sqrt_d=True,
@@ -413,9 +427,8 @@ def _step_judge(got, want, case):
         return Verdict(True)
     S = _step_sizes(case)[1]
     K, V = (_combine(want[f"A_{n}"], want[f"B_{n}"]) for n in "kv")            # the per-head keys and values
-    if matches(got["B_k"], K) or matches(got["B_v"], V):
-        return Verdict(False, "your cache holds the per-head keys or values (B, S + 1, H, d_h): a TPA cache keeps "
-                              "the FACTORS A_k, B_k, A_v, B_v, and combines them only to attend.")
+    if matches(got["B_k"], K) or matches(got["B_v"], V):                        # R = H: the shapes agree
+        return Verdict(False, _PER_HEAD)
     candidates = [
         (f"the new token sits at position S = {S} (the S cached tokens hold positions 0 … S − 1): rotate its B_q "
          "and B_k there.", _step(case, pos="S-1")),
@@ -454,7 +467,7 @@ EXERCISES = [
              "a function rotated_qkv(A_q, B_q, A_k, B_k, A_v, B_v, start) -> (Q, K, V), each (B, L, H, d_h)",
              _which_cases, _which_answer, _which_expected, _which_judge, kind="build"),
     Exercise("07_cache_elements", 1, "TPA cache arithmetic",
-             "a function tpa_cache_elements(seq_len, num_heads, head_dim, k_rank, v_rank, batch_size) -> int",
+             "a function tpa_cache_elements(seq_lens, num_heads, head_dim, k_rank, v_rank, constant_heads) -> int",
              _cache_cases, _cache_answer, _cache_expected, _cache_judge, forbidden=FORBID_COURSE, kind="compute"),
     Exercise("07_fix_seed_attention", 3, "Fix the blog post's TPA attention",
              "a function fixed_attention(Q, K, V) -> (B, L, H, d_h), causal",
