@@ -270,9 +270,94 @@ def make_model(vocab_size):
     return LM()
 '''
 
+# ---- review 2026-11-28 (14-16), H16-1: constant-work recompute over a fixed float buffer of 128 token codes ----
+BUF_RECOMPUTE = _MHA_BLOCKS.replace("{LAYERS}", "3").replace("{BLOCK_ARGS}", "ffn_dim=128").replace("{STEP}", """
+        def step(self, code, cache):              # a float32 buffer of 128 codes; the whole forward every step
+            buf, t = (torch.zeros(code.shape[0], 128), 0) if cache is None else (cache[0].clone(), cache[1])
+            buf[:, t] = code[:, 0].float()
+            return self.forward(buf.long())[:, t:t + 1], (buf, t + 1)
+
+        def kv_cache_bytes(self, n):
+            return 128 * 4
+""")
+
+# ---- issue 39: numbers the model uses but does not register (each must count toward the parameter budget) ----
+# The course's kind of GQA model (108,928 parameters) plus a fixed table of 128 x 512 numbers added to the
+# embedding, kept where nn.Module.parameters() and buffers() do not look: 174,464 numbers in all.
+_EXTRA = _gqa().replace("x = self.embed(codes)", "x = self.embed(codes) + EXTRA[codes, :D]") \
+               .replace("x, new = self.embed(code), []", "x, new = self.embed(code) + EXTRA[code, :D], []")
+HIDDEN = {
+    # a closure: a tensor made in make_model and captured by the methods
+    "closure": _EXTRA.replace("    D, H, HKV, N =", "    EXTRA = torch.randn(vocab_size, 512)\n    D, H, HKV, N ="),
+    # a plain list inside the nn.Module (not registered)
+    "list in the module": _EXTRA.replace("EXTRA[", "self.extra[0][").replace(
+        "self.embed = nn.Embedding(vocab_size, D)",
+        "self.embed = nn.Embedding(vocab_size, D)\n            self.extra = [torch.randn(vocab_size, 512)]"),
+    # a fixed random projection at the cell's top level, named by the methods' code
+    "random projection": _EXTRA.replace("EXTRA[codes, :D]", "PROJ_IN[codes] @ PROJ_OUT").replace(
+        "EXTRA[code, :D]", "PROJ_IN[code] @ PROJ_OUT").replace(
+        "def make_model(vocab_size):",
+        "PROJ_IN, PROJ_OUT = torch.randn(128, 256), torch.randn(256, 64) / 16\n\ndef make_model(vocab_size):"),
+    # a table counted from text, held as Python lists (numbers outside any tensor)
+    "text table": _EXTRA.replace("EXTRA[", "torch.tensor(TABLE)[").replace(
+        "    D, H, HKV, N =",
+        "    from attn_course.demos.textlm import TextData\n"
+        "    text = TextData().train.tolist()\n"
+        "    TABLE = [[0.0] * 512 for _ in range(vocab_size)]\n"
+        "    for a, b in zip(text, text[1:]):\n"
+        "        TABLE[a][b] += 1e-3\n"
+        "    D, H, HKV, N ="),
+}
+
+# ---- correct variants that must score full marks ---------------------------------------------------------------
+# Lesson 14 section 7's int8 KV cache: keys and values as int8 with a float32 scale per (head, token), the forward
+# fake-quantised the same way (straight-through in training). 2 layers x (2 x 2 KV heads x 16 x 1 B + 2 x 2 x 4 B)
+# = 160 bytes per token, scales included. STORE=torch.float16: a float16 cache, 256 bytes per token.
+_QUANT_KV = _gqa().replace("    D, H, HKV, N =", """    store = STORE
+
+    def quant(x):                                  # (B, H, L, 16) -> (stored, scale or None)
+        if store == torch.int8:
+            s = x.abs().amax(-1, keepdim=True).clamp_min(1e-8) / 127
+            return torch.round(x / s).clamp(-127, 127).to(torch.int8), s
+        return x.to(store), None
+
+    def dequant(qx, s):
+        return qx.float() * s if s is not None else qx.float()
+
+    def fake(x):
+        return x + (dequant(*quant(x)) - x).detach()
+
+    D, H, HKV, N =""").replace("""            for b in self.blocks:
+                x = b(x)
+            return self.head(self.norm(x))""", """            for b in self.blocks:
+                q, k, v = b.qkv(b.norm1(x))
+                y = F.scaled_dot_product_attention(q, fake(k), fake(v), is_causal=True, enable_gqa=True)
+                x = x + b.attn.out_proj(y.transpose(1, 2).flatten(2))
+                x = x + b.ffn(b.norm2(x))
+            return self.head(self.norm(x))""").replace(
+    "t = 0 if cache is None else cache[0][0].shape[2]", "t = 0 if cache is None else cache[0][0].shape[2]").replace(
+    """                if cache is not None:
+                    k, v = torch.cat([cache[i][0], k], 2), torch.cat([cache[i][1], v], 2)
+                new.append((k, v))
+                y = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)""", """                (kq, ks), (vq, vs) = quant(k), quant(v)
+                if cache is not None:
+                    pk, pks, pv, pvs = cache[i]
+                    kq, vq = torch.cat([pk, kq], 2), torch.cat([pv, vq], 2)
+                    if ks is not None:
+                        ks, vs = torch.cat([pks, ks], 2), torch.cat([pvs, vs], 2)
+                new.append((kq, ks, vq, vs))
+                y = F.scaled_dot_product_attention(q, dequant(kq, ks), dequant(vq, vs), enable_gqa=True)""").replace(
+    "return N * 2 * HKV * (D // H) * 4 * n_tokens",
+    "return N * 2 * HKV * n_tokens * ((D // H) * torch.empty(0, dtype=store).element_size() "
+    "+ (4 if store == torch.int8 else 0))")
+INT8_KV = _QUANT_KV.replace("STORE", "torch.int8")
+FP16_KV = _QUANT_KV.replace("STORE", "torch.float16")
+
 # the review's shortcuts: (cell, the point it must lose, a substring of that point's hint)
 SHORTCUTS = {
-    "recompute, token codes": (RECOMPUTE_CODES, "kv", "integer or boolean elements"),
+    "recompute, token codes": (RECOMPUTE_CODES, "kv", "re-runs the model over the prefix"),
+    "recompute over a fixed float buffer": (BUF_RECOMPUTE, "kv", "128.0× your forward's"),
+    **{f"hidden numbers: {name}": (src, "parameters", "over the budget of 150,000") for name, src in HIDDEN.items()},
     "recompute, float codes": (RECOMPUTE_FLOAT_CODES, "kv", "re-runs the model over the prefix"),
     "MHA + window 64": (WINDOW_64, "kv", "does not change the logits at the last position"),
     "trigram table in a buffer": (BUFFER_TABLE, "parameters", "parameters and buffers, over the budget"),

@@ -65,8 +65,9 @@ class Options:
     seed: int | None = None            # None: from each submission's content
     jobs: int = 1
     python: str = sys.executable
-    lesson_timeout: dict = field(default_factory=dict)   # lesson -> its own limit, set by calibrate() from the
-    #   course's solution's measured run for a lesson with ``Exercise.time_factor`` (never below ``timeout``)
+    lesson_timeout: dict = field(default_factory=dict)   # lesson -> its own CPU-seconds limit, set by calibrate()
+    #   from the CPU time of the course's solution's run for a lesson with ``Exercise.time_factor``
+    cpu_limit: float | None = None     # CPU seconds of one child (RLIMIT_CPU); None: ``timeout``
 
 
 # ---- the course: trusted solutions notebooks -------------------------------------------------------------
@@ -219,7 +220,7 @@ def run_child(steps: list[dict], cases: dict[str, list[Case]], opts: Options,
             "steps": steps,
             "hide": [str(p) for p in hide],      # e.g. solutions/: the child may not open it
             "cases": {ex_id: [{"name": c.name, "params": c.params} for c in cs] for ex_id, cs in cases.items()},
-            "limits": {"memory_mb": opts.memory_mb, "cpu_s": int(opts.timeout) + 2, "file_mb": opts.file_mb,
+            "limits": {"memory_mb": opts.memory_mb, "cpu_s": int(opts.cpu_limit or opts.timeout) + 2, "file_mb": opts.file_mb,
                        "nofile": 256, "nproc": _nproc_limit()},
         }
         (job / "program.json").write_text(json.dumps(program), encoding="utf-8")
@@ -333,14 +334,15 @@ def _grade_into(report: dict, sub: Submission, course: Course, opts: Options) ->
     reg = registry()
     ids = course.ids[lesson]
     if lesson in opts.lesson_timeout:                        # e.g. the capstone: TIME_FACTOR x the solution's run
-        opts = replace(opts, timeout=max(opts.timeout, opts.lesson_timeout[lesson]))
+        opts = cpu_limited(opts, opts.lesson_timeout[lesson])
     report["_time_limit_s"] = round(opts.timeout, 1)        # private: measured, so not written (determinism)
     report["lesson"] = lesson
     report["max_score"] = course.max_score(lesson)
     # held-out inputs: per exercise, from the learner's cell (the same as check() under nbgrader autograde);
     # one seed for the whole class where the exercise ranks a class (exercise_seed)
     bases = {i: opts.seed if opts.seed is not None else exercise_seed(reg[i], sources.get(i)) for i in ids}
-    report["seeds"] = bases
+    report["seeds"] = {i: "the instructor's class seed" if reg[i].rank_by else b for i, b in bases.items()}
+    report["_class_seed"] = next((b for i, b in bases.items() if reg[i].rank_by), None)   # class_seed.txt only
     cases = {i: held_out_cases(reg[i], bases[i]) for i in ids}
 
     # the same static check as check(): the whole exercise cell, only real references to forbidden APIs
@@ -365,6 +367,7 @@ def _grade_into(report: dict, sub: Submission, course: Course, opts: Options) ->
         if not pending:
             break
         skip[pending[0]] = ("ran past the time limit" if outcome.timed_out else
+                            f"ran past the limit of {opts.cpu_limit:.0f} CPU seconds" if _out_of_cpu(outcome, opts) else
                             f"crashed the grading process (exit status {outcome.returncode})")
     report["runs"] = len(runs)
 
@@ -612,16 +615,20 @@ def calibrate(course: Course, lessons: list[str], opts: Options) -> None:
     course's own solutions lose a point (a timeout or memory limit too small for this machine), the
     settings are at fault, not the learners — raise :class:`SettingsError` before anyone is graded.
 
-    A lesson with an exercise whose ``time_factor`` is set (the capstone) gets its own time limit, derived here
-    from the measurement: ``time_factor`` × the seconds the solution's run took on this machine, now (under a
-    ceiling of :data:`CALIBRATION_TIMEOUT` for that run), and never below ``--timeout``; it is stored in
-    ``opts.lesson_timeout``."""
+    A lesson with an exercise whose ``time_factor`` is set (the capstone) gets its own limit, derived here from
+    the measurement: ``time_factor`` × the CPU seconds the solution's children used on this machine (their
+    ``getrusage`` times: what a loaded machine does not change, unlike wall time; under a ceiling of
+    :data:`CALIBRATION_TIMEOUT` for that run), and never below ``--timeout``; it is stored in
+    ``opts.lesson_timeout`` and enforced as a CPU-time limit (:func:`cpu_limited`). Calibration runs alone, before
+    the batch's pool starts, so the children's times are the solution's own."""
     reg = registry()
     for lesson in lessons:
         path = course.root / "solutions" / f"{lesson}.ipynb"
         factor = max([reg[i].time_factor for i in course.ids[lesson]] + [0.0])
         run_opts = replace(opts, timeout=max(opts.timeout, CALIBRATION_TIMEOUT)) if factor > 0 else opts
+        cpu0 = _children_cpu()
         r = grade_submission(Submission(path, "course solutions"), course, run_opts)
+        cpu = _children_cpu() - cpu0
         if r["error"] or r["total"] < r["max_score"]:
             lost = [f"{i}: {e['cases'][0]['hint'] if e['cases'] else e['status']}" for i, e in r["exercises"].items()
                     if e["points"] < e["max_points"]][:3]
@@ -631,7 +638,32 @@ def calibrate(course: Course, lessons: list[str], opts: Options) -> None:
                 + (f" ({r['error']})" if r["error"] else f" ({'; '.join(_short(x, 160) for x in lost)})")
                 + ": these settings would charge learners for them; raise --timeout / --memory and grade again")
         if factor > 0:
-            opts.lesson_timeout[lesson] = max(opts.timeout, factor * max(r.get("_runs_seconds") or [0.0]))
+            opts.lesson_timeout[lesson] = max(opts.timeout, factor * cpu)
+
+
+WALL_SLACK = 4.0                        # the wall-clock backstop of a CPU-limited run: this many times its CPU limit
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of this process's finished children so far."""
+    try:
+        import resource
+    except ImportError:                                  # Windows: no rusage, no CPU limit (see docs/grading.md)
+        return 0.0
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def cpu_limited(opts: Options, cpu_seconds: float) -> Options:
+    """``opts`` for a lesson whose limit is ``cpu_seconds`` of CPU time (``RLIMIT_CPU`` of the child), with a
+    wall-clock backstop of :data:`WALL_SLACK` × that (for a child that sleeps or waits), never below --timeout."""
+    return replace(opts, cpu_limit=cpu_seconds, timeout=max(opts.timeout, WALL_SLACK * cpu_seconds))
+
+
+def _out_of_cpu(outcome: "RunOutcome", opts: Options) -> bool:
+    """The child was killed by its CPU-time limit (SIGXCPU at the soft limit, SIGKILL at the hard one)."""
+    import signal
+    return opts.cpu_limit is not None and outcome.returncode in (-getattr(signal, "SIGXCPU", 24), -9)
 
 
 def _lessons_of(subs: list[Submission], course: Course) -> list[str]:
@@ -732,13 +764,35 @@ def leaderboard_rows(reports: list[dict], ex_id: str) -> list[dict]:
     return ranked + rest
 
 
+SEED_SD_KEY = "seed s.d."               # measured: the s.d. of rank_by over training seeds (stored with the release)
+PAIRED_KEY = "per-window loss"          # measured: rank_by per held-out window, the same windows for every design
+
+
+def tie_band(a: dict, b: dict, ex) -> float | None:
+    """Half-width (2 standard deviations) of the difference of two rows' ``rank_by``: the training seeds' spread
+    of each (``seed s.d.``: independent seeds, so 2σ² for two designs at σ) and the held-out sample's, added as
+    independent variances. The sample's part is the PAIRED one — every design is measured on the same windows, so
+    what separates two designs is the s.e. of their per-window differences — when both rows carry their
+    per-window values; else the two rows' ``rank_noise`` (± 2 s.e. each) in quadrature. None without a noise."""
+    pa, pb = a.get(PAIRED_KEY), b.get(PAIRED_KEY)
+    if isinstance(pa, list) and isinstance(pb, list) and len(pa) == len(pb) > 1:
+        d = [x - y for x, y in zip(pa, pb)]
+        mean = sum(d) / len(d)
+        var_sample = sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d)
+    else:
+        na, nb = a.get(ex.rank_noise), b.get(ex.rank_noise)
+        if not all(isinstance(v, (int, float)) and v == v for v in (na, nb)):
+            return None
+        var_sample = (na / 2) ** 2 + (nb / 2) ** 2
+    sa, sb = (row.get(SEED_SD_KEY, 0.0) for row in (a, b))
+    sa, sb = (v if isinstance(v, (int, float)) and v == v else 0.0 for v in (sa, sb))
+    return 2 * math.sqrt(sa ** 2 + sb ** 2 + var_sample)
+
+
 def _within_noise(a: dict, b: dict, ex) -> bool:
-    """|a − b| ≤ the two rows' noises combined (each ``rank_noise`` is already ± 2 s.e.: independent errors add in
-    quadrature); a row without its noise is never within noise."""
-    na, nb = a.get(ex.rank_noise), b.get(ex.rank_noise)
-    if not all(isinstance(v, (int, float)) and v == v for v in (na, nb)):
-        return False
-    return abs(a[ex.rank_by] - b[ex.rank_by]) <= math.hypot(na, nb)
+    """|a − b| ≤ :func:`tie_band` of the two rows; a row without its noise is never within noise."""
+    band = tie_band(a, b, ex)
+    return band is not None and abs(a[ex.rank_by] - b[ex.rank_by]) <= band
 
 
 def _budget_keys(reports: list[dict], ex_id: str) -> set[str]:
@@ -749,7 +803,11 @@ def _budget_keys(reports: list[dict], ex_id: str) -> set[str]:
 
 def write_leaderboards(reports: list[dict], ex_ids: list[str], out: Path) -> None:
     """``leaderboard.csv`` and ``leaderboard.md`` beside grades.csv for an open exercise with ``rank_by``
-    (one file pair; with several such exercises, ``leaderboard_<id>.*``)."""
+    (one file pair; with several such exercises, ``leaderboard_<id>.*``), and ``class_seed.txt``: the class seed
+    the batch used (the instructor's; ``--seed`` with it grades a late submission on the same draw)."""
+    seeds = sorted({r["_class_seed"] for r in reports if r.get("_class_seed") is not None})
+    if ex_ids and seeds:
+        _write_atomic(out / "class_seed.txt", "\n".join(map(str, seeds)) + "\n")
     for ex_id in ex_ids:
         rows = leaderboard_rows(reports, ex_id)
         if not rows:
@@ -758,7 +816,8 @@ def write_leaderboards(reports: list[dict], ex_ids: list[str], out: Path) -> Non
         keys = [k for row in rows for k in row if k not in ("rank", "student_id", "within budget", "points",
                                                              "max_points")]
         keys = list(dict.fromkeys(keys))
-        keys = [k for k in keys if k != "within noise of"]
+        keys = [k for k in keys if k != "within noise of" and all(not isinstance(row.get(k), (list, dict))
+                                                                  for row in rows)]
         ex = registry()[ex_id]
         cols = ["rank", *(["within noise of"] if ex.rank_noise else []), "student_id", *keys, "within budget",
                 "points"]
@@ -776,9 +835,12 @@ def write_leaderboards(reports: list[dict], ex_ids: list[str], out: Path) -> Non
         for row in rows:
             w.writerow([cell(row, k) for k in cols])
         _write_atomic(out / f"{stem}.csv", buf.getvalue())
-        noise = (f" Every design was measured on the same draw (one seed for the class). \"within noise of #k\": "
-                 f"its {ex.rank_by} differs from #k's by less than their {ex.rank_noise} combined — the ranking "
-                 f"between them is not established." if ex.rank_noise else "")
+        noise = (f" Every design was trained from the same seed (the instructor's class seed) and measured on the "
+                 f"same held-out windows. \"within noise of #k\": its {ex.rank_by} differs from #k's by less than "
+                 f"2 standard deviations of their difference — another training seed (s.d. {SEED_SD_KEY} of each, "
+                 f"measured on the course's design) and the held-out sample (paired, window by window) combined as "
+                 f"independent variances: the ranking between them is not established; outside it, it is (at about "
+                 f"95 %)." if ex.rank_noise else "")
         md = [f"# Leaderboard — {ex_id}: {ex.title}", "",
               f"Ranked by {ex.rank_by} (lower is better) among the submissions within budget; the others follow, "
               f"unranked.{noise}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]

@@ -22,10 +22,12 @@ cell's partial credit. Two rules keep that grade honest:
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import html
 import io
 import os
+import secrets
 import sys
 import tempfile
 import traceback
@@ -107,14 +109,31 @@ def held_out_seed(source: str | None) -> int:
     return int(hashlib.sha256(text.encode("utf-8")).hexdigest()[:15], 16)
 
 
+CLASS_SEED_ENV = "ATTN_COURSE_CLASS_SEED"   # the instructor's class seed (an integer), where one is kept
+
+
+@functools.lru_cache(maxsize=1)
+def _process_class_seed() -> int:
+    """A secret drawn once per process: one grading batch's class seed when the instructor keeps none."""
+    return secrets.randbits(62)
+
+
 def exercise_seed(ex: Exercise, source: str | None) -> int:
     """Base seed of one submitted exercise's held-out inputs: :func:`held_out_seed` of its cell, except for an
     exercise that ranks a class (``rank_by``, the capstone's leaderboard): there the whole class shares ONE seed,
-    derived from the exercise id, so every design is measured on the same draw and editing a comment re-rolls
-    nothing (``attn-course grade --seed`` replaces it for every exercise)."""
+    the instructor's — the environment variable ``ATTN_COURSE_CLASS_SEED`` where the instructor keeps one, else a
+    secret drawn once per process (one ``attn-course grade`` batch; the grader writes it to ``class_seed.txt``) —
+    never derivable from the exercise, so a learner cannot rehearse the graded run; every design is measured on the
+    same draw and editing a comment re-rolls nothing (``attn-course grade --seed`` replaces it for every
+    exercise). The self-check draws from :data:`SELF_CHECK_SEED`, another seed."""
     if ex.rank_by:
-        text = "attn_course class seed\n" + ex.id
-        return int(hashlib.sha256(text.encode("utf-8")).hexdigest()[:15], 16)
+        kept = os.environ.get(CLASS_SEED_ENV, "").strip()
+        if kept:
+            try:
+                return int(kept) % (2**63 - 1)
+            except ValueError:
+                raise ValueError(f"{CLASS_SEED_ENV}={kept!r}: the class seed must be an integer") from None
+        return _process_class_seed()
     return held_out_seed(source)
 
 
