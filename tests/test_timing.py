@@ -55,4 +55,4 @@ def test_ratio_cell_prints_the_range_and_flags_noise():
     steady = {"a": timing.Timing("a", (2.0, 2.2, 2.1)), "b": timing.Timing("b", (1.0, 1.0, 1.0))}
     assert timing.ratio_cell(steady, "a", "b") == "2.1x (2.0–2.2)"
     noisy = {"a": timing.Timing("a", (0.05, 2.0, 11.0)), "b": timing.Timing("b", (1.0, 1.0, 1.0))}
-    assert timing.ratio_cell(noisy, "a", "b") == "noisy (0.05–11), re-run"
+    assert timing.ratio_cell(noisy, "a", "b") == "noisy (0.050–11), re-run"
