@@ -10,7 +10,7 @@ updates it would see alone under :func:`fit` with its own seed — the losses ag
 from __future__ import annotations
 
 import copy
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +18,7 @@ from torch import nn
 
 from .._notebook import in_kernel, saved_box
 
-__all__ = ["fit", "fit_many", "token_accuracy", "SCHEDULES"]
+__all__ = ["fit", "fit_many", "token_accuracy", "SCHEDULES", "SeedRuns"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -35,6 +35,14 @@ def _scheduler(opt: torch.optim.Optimizer, lr: float, steps: int, schedule: str)
     if schedule == "constant":          # from lr/25 (OneCycle's start) linearly up to lr, then flat
         return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, 0.04 + 0.96 * s / WARMUP_STEPS))
     raise ValueError(f"schedule={schedule!r}: expected one of {SCHEDULES}")
+
+
+class SeedRuns(NamedTuple):
+    """What the demos' ``train_seeds`` wrappers return, one entry per seed (in the order of ``seeds``)."""
+    models: list[nn.Module]
+    losses: list[list[float]]                 # per-step training loss
+    accuracy: list[float]                     # the demo's accuracy at the end
+    accuracy_at: dict[int, list[float]]       # step -> that accuracy right after that step
 
 
 def token_accuracy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> float:

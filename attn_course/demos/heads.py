@@ -24,7 +24,7 @@ residual, so every correct prediction has to come through the attention weights.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -32,10 +32,10 @@ from torch import nn
 from .._validate import positive_int
 from ..gqa import GroupedQueryAttention, KVCache
 from ..mha import MultiHeadAttention
-from ._train import fit, fit_many, token_accuracy
+from ._train import SeedRuns, fit, fit_many, token_accuracy
 
 __all__ = ["NeighbourTask", "KeyPairTask", "LagTask", "TinyAttentionModel", "make_model", "train", "evaluate",
-           "train_seeds", "SeedRuns"]
+           "train_seeds", "SeedRuns", "key_role_weights"]
 
 IGNORE = -100
 
@@ -236,14 +236,6 @@ def train(model: nn.Module, task, *, steps: int = 400, lr: float = 1e-2, batch_s
                desc=desc, loss_fn=_loss, schedule=schedule)
 
 
-class SeedRuns(NamedTuple):
-    """What :func:`train_seeds` returns, one entry per seed (in the order of ``seeds``)."""
-    models: list[nn.Module]
-    losses: list[list[float]]                 # per-step training loss
-    accuracy: list[float]                     # :func:`evaluate` at the end
-    accuracy_at: dict[int, list[float]]       # step -> :func:`evaluate` right after that step
-
-
 def train_seeds(task, seeds: Sequence[int], *, steps: int = 400, lr: float = 1e-2, batch_size: int = 128,
                 schedule: str = "one-cycle", read_at: Sequence[int] = (), device=None, progress: bool = False,
                 desc: str = "training", models: Sequence[nn.Module] | None = None, data_seeds: Sequence[int] | None = None,
@@ -257,11 +249,30 @@ def train_seeds(task, seeds: Sequence[int], *, steps: int = 400, lr: float = 1e-
     models = list(models) if models is not None else [make_model(task, seed=s, **model_kw) for s in seeds]
     if device is not None:
         models = [m.to(device) for m in models]
-    at = {}
-    for k in read_at:
-        at[k] = lambda ms, k=k: at_acc.__setitem__(k, [evaluate(m, task) for m in ms])
     at_acc: dict[int, list[float]] = {}
+    at = {k: (lambda ms, k=k: at_acc.__setitem__(k, [evaluate(m, task) for m in ms])) for k in read_at}
     losses = fit_many(models, lambda g: task.sample(g, batch_size), steps=steps, lr=lr, schedule=schedule,
                       seeds=list(data_seeds if data_seeds is not None else seeds), progress=progress, desc=desc,
                       loss_fn=_loss, at_steps=at)
     return SeedRuns(models, losses, [evaluate(m, task) for m in models], at_acc)
+
+
+@torch.no_grad()
+def key_role_weights(model: nn.Module, task: KeyPairTask, *, n: int = 512, seed: int = 11) -> torch.Tensor:
+    """Where each head of a :class:`KeyPairTask` model looks, by the query's key.
+
+    Returns ``(num_keys, 2, H)``: entry ``[q, 0, h]`` is head ``h``'s mean weight on the positions holding key
+    ``q+1`` over the scored queries whose key is ``q`` (``n`` fresh sequences), ``[q, 1, h]`` on key ``q−1``.
+    """
+    x, y = task.sample(torch.Generator().manual_seed(seed), n)
+    device = next(model.parameters()).device
+    _, w = model(x.to(device), need_weights=True)                          # (n, H, L, L)
+    w, K = w.cpu(), task.num_keys
+    keys, scored = x // task.num_values, (y >= 0).float()                  # (n, L)
+    out = torch.zeros(K, 2, w.shape[1])
+    for q in range(K):
+        sel = (keys == q).float() * scored                                 # (n, L) queries with key q
+        for j, other in enumerate(((q + 1) % K, (q - 1) % K)):
+            on = (w * (keys == other).float()[:, None, None, :]).sum(-1)   # (n, H, L) weight on that key
+            out[q, j] = (on * sel[:, None]).sum((0, 2)) / sel.sum()
+    return out
