@@ -215,7 +215,7 @@ class GroupedQueryAttention(nn.Module):
         self.out_proj = nn.Linear(num_heads * self.head_dim, d_model, bias=bias)
 
     @classmethod
-    def from_multi_head(cls, mha: nn.Module, num_kv_heads: int) -> "GroupedQueryAttention":
+    def from_multi_head(cls, mha: nn.Module, num_kv_heads: int, pool: str = "mean") -> "GroupedQueryAttention":
         """Convert a multi-head checkpoint into GQA by mean-pooling each group's key and value heads.
 
         The up-training recipe of Ainslie et al. 2023, §2.1: kv head j of the new module is the mean of
@@ -223,22 +223,27 @@ class GroupedQueryAttention(nn.Module):
         read it); queries and the output projection are copied. ``mha`` is a
         :class:`~attn_course.MultiHeadAttention` or a ``GroupedQueryAttention`` with
         ``num_kv_heads == num_heads``. A short fine-tuning ("up-training") then recovers most of the quality.
+        ``pool`` picks the conversion the paper compares (its Figure 4): ``"mean"``, ``"first"`` (kv head j is
+        head j·G of its group) or ``"random"`` (fresh key/value projections from the global RNG).
         """
+        if pool not in ("mean", "first", "random"):
+            raise ValueError(f"pool={pool!r}: expected 'mean', 'first' or 'random'")
         H, d_model = mha.num_heads, mha.q_proj.in_features
         if getattr(mha, "num_kv_heads", H) != H:
             raise ValueError(f"expected a multi-head module (num_kv_heads == num_heads={H}), got "
                              f"num_kv_heads={mha.num_kv_heads}")
         bias = mha.k_proj.bias is not None
         gqa = cls(d_model, H, num_kv_heads, bias=bias, dropout=mha.dropout).to(mha.q_proj.weight)
-        pool = lambda t: rearrange(t, "(hkv g d) ... -> hkv g d ...", hkv=num_kv_heads, d=gqa.head_dim).mean(1).flatten(0, 1)
+        groups = lambda t: rearrange(t, "(hkv g d) ... -> hkv g d ...", hkv=num_kv_heads, d=gqa.head_dim)
+        reduce = {"mean": lambda t: groups(t).mean(1).flatten(0, 1), "first": lambda t: groups(t)[:, 0].flatten(0, 1)}
         with torch.no_grad():
             for name in ("q_proj", "out_proj"):
                 getattr(gqa, name).load_state_dict(getattr(mha, name).state_dict())
-            for name in ("k_proj", "v_proj"):
+            for name in ("k_proj", "v_proj") if pool != "random" else ():   # "random": keep the fresh init
                 src, dst = getattr(mha, name), getattr(gqa, name)
-                dst.weight.copy_(pool(src.weight))                        # (H_kv·d_h, d_model)
+                dst.weight.copy_(reduce[pool](src.weight))                # (H_kv·d_h, d_model)
                 if bias:
-                    dst.bias.copy_(pool(src.bias))
+                    dst.bias.copy_(reduce[pool](src.bias))
         return gqa
 
     def forward(self, x: torch.Tensor, *, attn_mask: torch.Tensor | None = None, is_causal: bool = False,

@@ -27,7 +27,10 @@ from typing import Callable
 
 import torch
 
-__all__ = ["Timing", "compare", "describe", "num_threads", "ratio", "ratios"]
+__all__ = ["Timing", "compare", "describe", "num_threads", "ratio", "ratios", "ratio_cell", "NOISY_SPAN"]
+
+#: A ratio whose per-round values span more than this factor (highest / lowest) is flagged as noise.
+NOISY_SPAN = 3.0
 
 
 @dataclass(frozen=True)
@@ -117,9 +120,19 @@ def describe(timings: dict[str, Timing], a: str, b: str) -> str:
         verdict = f"{a} was slower than {b} in every round"
     else:
         verdict = f"neither was faster in every round"
-    fmt = _sig if hi > 3 * lo else _two_decimals               # a wide spread: only two figures mean anything
+    fmt = _sig if hi > NOISY_SPAN * lo else _two_decimals               # a wide spread: only two figures mean anything
     return (f"{a} took {fmt(r)}× {b}'s time (median of {len(per_round)} interleaved rounds; "
             f"per-round ratios {fmt(lo)}–{fmt(hi)}): {verdict}")
+
+
+def ratio_cell(timings: dict[str, Timing], a: str, b: str) -> str:
+    """A table cell for ``time(a) / time(b)``: ``"1.8x (1.5–2.1)"``, the median ratio and the per-round range,
+    or ``"noisy (0.05–11), re-run"`` when the rounds disagree by more than :data:`NOISY_SPAN`×."""
+    per_round = ratios(timings, a, b)
+    lo, hi = min(per_round), max(per_round)
+    if hi > NOISY_SPAN * lo:
+        return f"noisy ({_sig(lo)}–{_sig(hi)}), re-run"
+    return f"{_sig(ratio(timings, a, b))}x ({_sig(lo)}–{_sig(hi)})"
 
 
 def _two_decimals(x: float) -> str:

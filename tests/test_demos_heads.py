@@ -65,3 +65,24 @@ def test_model_embeds_key_and_value_as_two_added_vectors():
 def test_value_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_key_role_weights_against_a_hand_built_head():
+    """A model whose single head puts all its weight on key k+1 must read 1 on [q, 0] and 0 on [q, 1]."""
+    import torch
+    from attn_course.demos.heads import KeyPairTask, key_role_weights
+
+    task = KeyPairTask()
+
+    class Oracle(torch.nn.Module):
+        def forward(self, x, need_weights=False):
+            keys = x // task.num_values
+            w = (keys[:, None, :] == (keys[:, :, None] + 1) % task.num_keys).float()   # (B, L, L) on key k+1
+            w = w / w.sum(-1, keepdim=True).clamp_min(1)
+            return None, w[:, None]
+
+    Oracle.parameters = lambda self: iter([torch.zeros(1)])
+    r = key_role_weights(Oracle(), task, n=64)
+    assert r.shape == (4, 2, 1)
+    torch.testing.assert_close(r[:, 0, 0], torch.ones(4))
+    torch.testing.assert_close(r[:, 1, 0], torch.zeros(4))

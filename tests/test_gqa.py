@@ -198,7 +198,25 @@ def test_from_multi_head_is_exact_when_grouped_heads_agree():
     assert_close(GroupedQueryAttention.from_multi_head(m, 4)(x)[0], m(x)[0])   # H_kv = H: a plain copy
 
 
+def test_from_multi_head_first_and_random_conversions():
+    """Ainslie et al.'s other two conversions: the first head of each group, and fresh key/value projections."""
+    m = MultiHeadAttention(16, 4)
+    g = GroupedQueryAttention.from_multi_head(m, 2, pool="first")
+    Wk, bv = m.k_proj.weight.view(4, 4, 16), m.v_proj.bias.view(4, 4)
+    assert_close(g.k_proj.weight, torch.cat([Wk[0], Wk[2]]))
+    assert_close(g.v_proj.bias, torch.cat([bv[0], bv[2]]))
+    torch.manual_seed(3)
+    r = GroupedQueryAttention.from_multi_head(m, 2, pool="random")
+    torch.manual_seed(3)
+    fresh = GroupedQueryAttention(16, 4, 2, bias=True)      # the same draws as the conversion's fresh module
+    assert_close(r.k_proj.weight, fresh.k_proj.weight)
+    assert_close(r.q_proj.weight, m.q_proj.weight)          # queries and output are still copied
+    assert not torch.allclose(r.v_proj.weight, g.v_proj.weight)
+
+
 def test_from_multi_head_errors():
+    with pytest.raises(ValueError, match="pool='max'"):
+        GroupedQueryAttention.from_multi_head(MultiHeadAttention(16, 4), 2, pool="max")
     with pytest.raises(ValueError, match="num_heads=4 is not divisible by num_kv_heads=3"):
         GroupedQueryAttention.from_multi_head(MultiHeadAttention(16, 4), 3)
     with pytest.raises(ValueError, match="expected a multi-head module .*num_heads=4.*num_kv_heads=2"):

@@ -49,3 +49,10 @@ def test_describe_prints_two_significant_figures_when_the_rounds_disagree_widely
     narrow = {"a": timing.Timing("a", (0.62, 0.63, 0.66)), "b": timing.Timing("b", (1.0, 1.0, 1.0))}
     assert "took 0.63× b's time" in timing.describe(narrow, "a", "b") and "0.62–0.66" in timing.describe(narrow, "a", "b")
     assert timing._sig(0.01234) == "0.012" and timing._sig(1234.0) == "1200" and timing._two_decimals(69.97) == "70.0"
+
+
+def test_ratio_cell_prints_the_range_and_flags_noise():
+    steady = {"a": timing.Timing("a", (2.0, 2.2, 2.1)), "b": timing.Timing("b", (1.0, 1.0, 1.0))}
+    assert timing.ratio_cell(steady, "a", "b") == "2.1x (2.0–2.2)"
+    noisy = {"a": timing.Timing("a", (0.05, 2.0, 11.0)), "b": timing.Timing("b", (1.0, 1.0, 1.0))}
+    assert timing.ratio_cell(noisy, "a", "b") == "noisy (0.050–11), re-run"

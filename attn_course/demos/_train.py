@@ -10,7 +10,7 @@ updates it would see alone under :func:`fit` with its own seed — the losses ag
 from __future__ import annotations
 
 import copy
-from typing import Callable, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -18,9 +18,31 @@ from torch import nn
 
 from .._notebook import in_kernel, saved_box
 
-__all__ = ["fit", "fit_many", "token_accuracy"]
+__all__ = ["fit", "fit_many", "token_accuracy", "SCHEDULES", "SeedRuns"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+#: ``"one-cycle"``: 10 % warm-up to ``lr``, then cosine annealing to about 0 at the last step — the run's
+#: length is part of its schedule. ``"constant"``: a warm-up of :data:`WARMUP_STEPS` steps, then ``lr``
+#: until the end — a longer run is the shorter one continued, so a budget control changes only the steps.
+SCHEDULES = ("one-cycle", "constant")
+WARMUP_STEPS = 25
+
+
+def _scheduler(opt: torch.optim.Optimizer, lr: float, steps: int, schedule: str):
+    if schedule == "one-cycle":
+        return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
+    if schedule == "constant":          # from lr/25 (OneCycle's start) linearly up to lr, then flat
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, 0.04 + 0.96 * s / WARMUP_STEPS))
+    raise ValueError(f"schedule={schedule!r}: expected one of {SCHEDULES}")
+
+
+class SeedRuns(NamedTuple):
+    """What the demos' ``train_seeds`` wrappers return, one entry per seed (in the order of ``seeds``)."""
+    models: list[nn.Module]
+    losses: list[list[float]]                 # per-step training loss
+    accuracy: list[float]                     # the demo's accuracy at the end
+    accuracy_at: dict[int, list[float]]       # step -> that accuracy right after that step
 
 
 def token_accuracy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> float:
@@ -68,7 +90,7 @@ class _Bar:
 
 
 def fit(model: nn.Module, sample: Callable[[torch.Generator], Batch], *, steps: int, lr: float = 3e-3,
-        seed: int = 0, progress: bool = True, desc: str = "training",
+        seed: int = 0, progress: bool = True, desc: str = "training", schedule: str = "one-cycle",
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
         forward: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None) -> list[float]:
     """Train ``model`` with AdamW for ``steps`` batches drawn by ``sample(gen)``; return the losses.
@@ -79,13 +101,13 @@ def fit(model: nn.Module, sample: Callable[[torch.Generator], Batch], *, steps: 
     fighting a second notebook for the two cores), and the float reductions, hence the printed
     accuracies, do not depend on the machine's core count.
     ``forward(model, x)`` defaults to ``model(x)``; ``loss_fn(logits, y)`` defaults to token-level
-    cross-entropy over the last axis.
+    cross-entropy over the last axis. ``schedule`` is one of :data:`SCHEDULES`.
     """
     gen = torch.Generator().manual_seed(seed)
     loss_fn = loss_fn or (lambda logits, y: F.cross_entropy(logits.flatten(0, -2), y.flatten()))
     forward = forward or (lambda m, x: m(x))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
+    sched = _scheduler(opt, lr, steps, schedule)
     device = next(model.parameters()).device
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -134,7 +156,9 @@ class _Forward(nn.Module):
 
 def fit_many(models: Sequence[nn.Module], sample: Callable[[torch.Generator], Batch], *, steps: int,
              seeds: Sequence[int], lr: float | Sequence[float] = 3e-3, progress: bool = True,
-             desc: str = "training", loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+             desc: str = "training", schedule: str = "one-cycle",
+             at_steps: Mapping[int, Callable[[list[nn.Module]], None]] | None = None,
+             loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
              forward: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None) -> list[list[float]]:
     """Train ``models[i]`` on the data stream of ``seeds[i]``, all in one batched loop; return each one's losses.
 
@@ -146,6 +170,8 @@ def fit_many(models: Sequence[nn.Module], sample: Callable[[torch.Generator], Ba
     ``lr`` may also be one peak learning rate per model (a learning-rate sweep in one batch): model i then
     follows ``fit(..., lr=lr[i])``. AdamW's step is ``lr × schedule × (a function of the gradients alone)``
     (no weight decay), so each model's step is the step at the largest rate, scaled by ``lr[i] / max(lr)``.
+    ``at_steps={k: f}`` calls ``f(models)`` right after step ``k``, with the models holding that step's
+    weights in eval mode — e.g. to read each model's accuracy at step 250 of a longer constant-rate run.
     """
     models = list(models)
     lrs = [float(lr)] * len(models) if isinstance(lr, (int, float)) else [float(r) for r in lr]
@@ -172,8 +198,9 @@ def fit_many(models: Sequence[nn.Module], sample: Callable[[torch.Generator], Ba
     # SDPA's fused CPU kernel has no batching rule (vmap would loop over the models); its math form does
     from torch.nn.attention import SDPBackend, sdpa_kernel
     opt = torch.optim.AdamW(list(params.values()), lr=max(lrs), weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=max(lrs), total_steps=steps, pct_start=0.1)
+    sched = _scheduler(opt, max(lrs), steps, schedule)
     ratio = None if len(set(lrs)) == 1 else torch.tensor(lrs, device=device) / max(lrs)      # (S,)
+    at_steps = dict(at_steps or {})
     gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -191,15 +218,22 @@ def fit_many(models: Sequence[nn.Module], sample: Callable[[torch.Generator], Ba
             for i, v in enumerate(per_model.tolist()):
                 losses[i].append(v)
             bar.update(step, sum(per_model.tolist()) / len(models))
+            if step in at_steps:
+                _unstack(wrapped, params, buffers)
+                at_steps[step](models)
     finally:
         bar.close()
         torch.set_num_threads(threads)
+    _unstack(wrapped, params, buffers)
+    return losses
+
+
+def _unstack(wrapped: list[nn.Module], params: dict, buffers: dict) -> None:
+    """Copy model i's slice of the stacked ``params``/``buffers`` into ``wrapped[i]``; eval mode."""
     with torch.no_grad():
         for i, w in enumerate(wrapped):
             for name, p in w.named_parameters():
                 p.copy_(params[name][i])
             for name, b in w.named_buffers():
                 b.copy_(buffers[name][i])
-    for m in models:
-        m.eval()
-    return losses
+            w.eval()

@@ -9,15 +9,16 @@ positions get exactly zero weight.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import nn
 
 from ..cross import CrossAttention
-from ..masks import padding_mask
-from ._train import fit
+from ._train import fit_many
 
 __all__ = ["WORDS", "PAD", "BOS", "MAX_LEN", "sample_batch", "ToyTranslator", "train_translator",
-           "translate", "exact_match"]
+           "translate", "exact_match", "train_translators"]
 
 WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 PAD = 10          # source padding token (digits are 0..9)
@@ -57,8 +58,7 @@ class ToyTranslator(nn.Module):
         self.head = nn.Linear(d_model, 10)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, need_weights: bool = False):
-        lengths = (src != PAD).sum(-1)
-        keep = padding_mask(lengths, src.shape[1])                                  # (B, 1, 1, Ls)
+        keep = (src != PAD)[:, None, None, :]              # (B, 1, 1, Ls): padding_mask, written so vmap can batch it
         h = self.tgt_emb(tgt_in)                                                    # (B, Lt, d) queries
         a, w = self.cross(h, self.src_emb(src), attn_mask=keep, need_weights=need_weights)
         h = h + a
@@ -70,24 +70,34 @@ def train_translator(steps: int = 300, *, seed: int = 0, d_model: int = 64, num_
                      lr: float = 5e-3, progress: bool = True, device=None) -> tuple[ToyTranslator, list[float]]:
     """Train a fresh :class:`ToyTranslator` (seconds on a CPU); returns ``(model, losses)``, the model on
     ``device`` (the CPU by default)."""
-    return train_seq2seq(ToyTranslator, steps, seed=seed, d_model=d_model, num_heads=num_heads, lr=lr,
+    return train_seq2seq(ToyTranslator, steps, seeds=[seed], d_model=d_model, num_heads=num_heads, lr=lr,
+                         progress=progress, device=device, desc="toy translation")[0]
+
+
+def train_translators(steps: int = 300, *, seeds: Sequence[int] = (0, 1, 2), d_model: int = 64, num_heads: int = 1,
+                      lr: float = 5e-3, progress: bool = False, device=None) -> list[tuple[ToyTranslator, list[float]]]:
+    """:func:`train_translator` for every seed, trained together as one batch; ``[(model, losses)]`` per seed."""
+    return train_seq2seq(ToyTranslator, steps, seeds=seeds, d_model=d_model, num_heads=num_heads, lr=lr,
                          progress=progress, device=device, desc="toy translation")
 
 
-def train_seq2seq(model_cls, steps: int, *, seed: int, d_model: int, num_heads: int, lr: float, progress: bool,
-                  device, desc: str):
-    """Train a fresh ``model_cls(d_model, num_heads)`` (called as ``model(src, tgt_in)``) on the digit task;
-    returns ``(model, losses)``. Shared by the translator here and lesson 04's encoder–decoder."""
-    torch.manual_seed(seed)
-    model = model_cls(d_model, num_heads).to(device or "cpu")
+def train_seq2seq(model_cls, steps: int, *, seeds: Sequence[int], d_model: int, num_heads: int, lr: float,
+                  progress: bool, device, desc: str) -> list[tuple[nn.Module, list[float]]]:
+    """Train a fresh ``model_cls(d_model, num_heads)`` (called as ``model(src, tgt_in)``) per seed on the digit
+    task, all seeds as one batch (:func:`fit_many`: model i ends where :func:`fit` with seed i takes it);
+    returns ``[(model, losses)]``. Shared by the translator here and lesson 04's encoder–decoder."""
+    models = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        models.append(model_cls(d_model, num_heads).to(device or "cpu"))
 
     def sample(gen):
         src, tgt_in, tgt_out, _ = sample_batch(gen)
         return torch.stack([src, tgt_in]), tgt_out
 
-    losses = fit(model, sample, steps=steps, lr=lr, seed=seed, progress=progress, desc=desc,
-                 forward=lambda m, xy: m(xy[0], xy[1])[0])
-    return model, losses
+    curves = fit_many(models, sample, steps=steps, lr=lr, seeds=seeds, progress=progress, desc=desc,
+                      forward=lambda m, xy: m(xy[0], xy[1])[0])
+    return list(zip(models, curves))
 
 
 @torch.no_grad()

@@ -12,14 +12,15 @@ values come from the same sequence as its queries.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import nn
 
 from ..cross import CrossAttention
-from ..masks import padding_mask
 from .cross import BOS, MAX_LEN, PAD, sample_batch, train_seq2seq
 
-__all__ = ["ToyEncoderDecoder", "train_encoder_decoder", "translate", "exact_match"]
+__all__ = ["ToyEncoderDecoder", "train_encoder_decoder", "train_encoder_decoders", "translate", "exact_match"]
 
 
 def _mlp(d: int) -> nn.Module:
@@ -46,7 +47,7 @@ class ToyEncoderDecoder(nn.Module):
         self.head = nn.Linear(d_model, 10)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, need_weights: bool = False):
-        keep = padding_mask((src != PAD).sum(-1), src.shape[1])                    # (B, 1, 1, Ls)
+        keep = (src != PAD)[:, None, None, :]            # (B, 1, 1, Ls): padding_mask, written so vmap can batch it
         e = self.src_emb(src)                                                       # (B, Ls, d)
         a, w_enc = self.enc_self(e, e, attn_mask=keep, need_weights=need_weights)  # Q, K, V from the source
         e = e + a
@@ -65,7 +66,15 @@ class ToyEncoderDecoder(nn.Module):
 def train_encoder_decoder(steps: int = 300, *, seed: int = 0, d_model: int = 64, num_heads: int = 1,
                           lr: float = 5e-3, progress: bool = True, device=None):
     """Train a fresh :class:`ToyEncoderDecoder` on the digit task; returns ``(model, losses)``."""
-    return train_seq2seq(ToyEncoderDecoder, steps, seed=seed, d_model=d_model, num_heads=num_heads, lr=lr,
+    return train_encoder_decoders(steps, seeds=[seed], d_model=d_model, num_heads=num_heads, lr=lr,
+                                  progress=progress, device=device)[0]
+
+
+def train_encoder_decoders(steps: int = 300, *, seeds: Sequence[int] = (0, 1, 2), d_model: int = 64,
+                           num_heads: int = 1, lr: float = 5e-3, progress: bool = False,
+                           device=None) -> list[tuple[ToyEncoderDecoder, list[float]]]:
+    """:func:`train_encoder_decoder` for every seed, trained together as one batch; ``[(model, losses)]``."""
+    return train_seq2seq(ToyEncoderDecoder, steps, seeds=seeds, d_model=d_model, num_heads=num_heads, lr=lr,
                          progress=progress, device=device, desc="encoder-decoder")
 
 

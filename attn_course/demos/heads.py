@@ -24,6 +24,7 @@ residual, so every correct prediction has to come through the attention weights.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -31,9 +32,10 @@ from torch import nn
 from .._validate import positive_int
 from ..gqa import GroupedQueryAttention, KVCache
 from ..mha import MultiHeadAttention
-from ._train import fit, token_accuracy
+from ._train import SeedRuns, fit, fit_many, token_accuracy
 
-__all__ = ["NeighbourTask", "KeyPairTask", "LagTask", "TinyAttentionModel", "make_model", "train", "evaluate"]
+__all__ = ["NeighbourTask", "KeyPairTask", "LagTask", "TinyAttentionModel", "make_model", "train", "evaluate",
+           "train_seeds", "SeedRuns", "key_role_weights"]
 
 IGNORE = -100
 
@@ -223,9 +225,54 @@ def evaluate(model: nn.Module, task, *, batches: int = 8, seed: int = 1234, batc
     return sum(accs) / len(accs)
 
 
+def _loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits.flatten(0, -2), y.flatten(), ignore_index=IGNORE)
+
+
 def train(model: nn.Module, task, *, steps: int = 400, lr: float = 1e-2, batch_size: int = 128, seed: int = 0,
-          progress: bool = True, desc: str = "training") -> list[float]:
+          progress: bool = True, desc: str = "training", schedule: str = "one-cycle") -> list[float]:
     """Train ``model`` on ``task`` with the shared :func:`fit` loop; returns the losses."""
-    import torch.nn.functional as F
     return fit(model, lambda g: task.sample(g, batch_size), steps=steps, lr=lr, seed=seed, progress=progress,
-               desc=desc, loss_fn=lambda lg, y: F.cross_entropy(lg.flatten(0, -2), y.flatten(), ignore_index=IGNORE))
+               desc=desc, loss_fn=_loss, schedule=schedule)
+
+
+def train_seeds(task, seeds: Sequence[int], *, steps: int = 400, lr: float = 1e-2, batch_size: int = 128,
+                schedule: str = "one-cycle", read_at: Sequence[int] = (), device=None, progress: bool = False,
+                desc: str = "training", models: Sequence[nn.Module] | None = None, data_seeds: Sequence[int] | None = None,
+                **model_kw) -> SeedRuns:
+    """One model per seed (``make_model(task, seed=s, **model_kw)``, or the given ``models``), trained together.
+
+    The batched :func:`fit_many` loop: model ``i`` ends where ``train(model_i, task, seed=data_seeds[i], ...)``
+    alone takes it (``data_seeds`` defaults to ``seeds``). ``read_at`` lists steps at which every model's
+    accuracy is also read — with ``schedule="constant"`` that is the accuracy of a run of that many steps.
+    """
+    models = list(models) if models is not None else [make_model(task, seed=s, **model_kw) for s in seeds]
+    if device is not None:
+        models = [m.to(device) for m in models]
+    at_acc: dict[int, list[float]] = {}
+    at = {k: (lambda ms, k=k: at_acc.__setitem__(k, [evaluate(m, task) for m in ms])) for k in read_at}
+    losses = fit_many(models, lambda g: task.sample(g, batch_size), steps=steps, lr=lr, schedule=schedule,
+                      seeds=list(data_seeds if data_seeds is not None else seeds), progress=progress, desc=desc,
+                      loss_fn=_loss, at_steps=at)
+    return SeedRuns(models, losses, [evaluate(m, task) for m in models], at_acc)
+
+
+@torch.no_grad()
+def key_role_weights(model: nn.Module, task: KeyPairTask, *, n: int = 512, seed: int = 11) -> torch.Tensor:
+    """Where each head of a :class:`KeyPairTask` model looks, by the query's key.
+
+    Returns ``(num_keys, 2, H)``: entry ``[q, 0, h]`` is head ``h``'s mean weight on the positions holding key
+    ``q+1`` over the scored queries whose key is ``q`` (``n`` fresh sequences), ``[q, 1, h]`` on key ``q−1``.
+    """
+    x, y = task.sample(torch.Generator().manual_seed(seed), n)
+    device = next(model.parameters()).device
+    _, w = model(x.to(device), need_weights=True)                          # (n, H, L, L)
+    w, K = w.cpu(), task.num_keys
+    keys, scored = x // task.num_values, (y >= 0).float()                  # (n, L)
+    out = torch.zeros(K, 2, w.shape[1])
+    for q in range(K):
+        sel = (keys == q).float() * scored                                 # (n, L) queries with key q
+        for j, other in enumerate(((q + 1) % K, (q - 1) % K)):
+            on = (w * (keys == other).float()[:, None, None, :]).sum(-1)   # (n, H, L) weight on that key
+            out[q, j] = (on * sel[:, None]).sum((0, 2)) / sel.sum()
+    return out

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from einops import rearrange
@@ -24,9 +24,9 @@ from torch import nn
 
 from .._validate import divisible, positive_int
 from ..functional import attention
-from ._train import fit, token_accuracy
+from ._train import fit, fit_many, token_accuracy
 
-__all__ = ["ReversalTask", "OneLayerAttention", "ReversalResult", "train_reversal", "evaluate",
+__all__ = ["ReversalTask", "OneLayerAttention", "ReversalResult", "train_reversal", "train_reversals", "evaluate",
            "reversal_attention"]
 
 _ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -144,6 +144,26 @@ def train_reversal(task: ReversalTask | None = None, *, steps: int = 150, batch_
                  progress=progress, desc=desc)
     seconds = time.perf_counter() - t0
     return model, ReversalResult(evaluate(model, task), seconds, losses)
+
+
+def train_reversals(task: ReversalTask | None = None, *, seeds: Sequence[int] = (0, 1, 2), steps: int = 150,
+                    batch_size: int = 64, d_model: int = 32, num_heads: int = 1, lr: float = 1e-2,
+                    device: torch.device | str | None = None, progress: bool = False,
+                    model_cls: Callable[..., OneLayerAttention] = OneLayerAttention, desc: str = "reversal"
+                    ) -> list[tuple[OneLayerAttention, ReversalResult]]:
+    """:func:`train_reversal` for every seed, trained together as one batch (:func:`fit_many`: model i ends where
+    ``train_reversal(seed=seeds[i])`` takes it). ``ReversalResult.seconds`` is the whole batch's time."""
+    task = ReversalTask() if task is None else task
+    device = torch.device(device or "cpu")
+    models = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        models.append(model_cls(task.vocab_size, task.seq_len, d_model, num_heads).to(device))
+    t0 = time.perf_counter()
+    curves = fit_many(models, lambda g: task.sample(g, batch_size), steps=steps, lr=lr, seeds=list(seeds),
+                      progress=progress, desc=desc)
+    seconds = time.perf_counter() - t0
+    return [(m, ReversalResult(evaluate(m, task), seconds, c)) for m, c in zip(models, curves)]
 
 
 @torch.no_grad()

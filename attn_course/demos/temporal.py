@@ -8,16 +8,18 @@ time embedding (one time per sequence, as in Rosin & Radinsky 2022), mean poolin
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import nn
 
 from ..functional import attention
 from ..mha import split_heads
 from ..temporal import TemporalAttention
-from ._train import fit
+from ._train import fit, fit_many
 
 __all__ = ["PERIODS", "GADGETS", "FILLERS", "VOCAB", "SEQ_LEN", "sample_batch", "encode", "PeriodModel",
-           "train_period_model", "accuracy", "batchwide_norm_weights"]
+           "train_period_model", "train_period_models", "accuracy", "batchwide_norm_weights"]
 
 PERIODS = ["1985", "2005", "2025"]
 GADGETS = [["walkman", "pager", "vcr", "floppy"],
@@ -78,20 +80,40 @@ class PeriodModel(nn.Module):
         return self.head(a), w                                          # (B, L, 12)
 
 
+def _sampler(use_time: bool):
+    """The training stream: (tokens, period broadcast over the tokens) stacked, and the label at every token."""
+    def sample(gen):
+        tokens, period, label = sample_batch(gen)
+        return torch.stack([tokens, period[:, None].expand_as(tokens) * use_time]), label[:, None].expand_as(tokens)
+    return sample
+
+
+def _forward(m: PeriodModel, tp: torch.Tensor) -> torch.Tensor:
+    return m(tp[0], tp[1][:, 0])[0]
+
+
 def train_period_model(steps: int = 200, *, use_time: bool = True, seed: int = 0, lr: float = 1e-2,
                        progress: bool = True, device=None, **kwargs) -> tuple[PeriodModel, list[float]]:
     """Train a fresh :class:`PeriodModel`. ``use_time=False`` always feeds period 0: a time-blind baseline."""
     torch.manual_seed(seed)
     model = PeriodModel(**kwargs).to(device or "cpu")
-
-    def sample(gen):
-        tokens, period, label = sample_batch(gen)
-        return torch.stack([tokens, period[:, None].expand_as(tokens) * use_time]), label[:, None].expand_as(tokens)
-
-    losses = fit(model, sample, steps=steps, lr=lr, seed=seed, progress=progress,
-                 desc="temporal task" if use_time else "time-blind baseline",
-                 forward=lambda m, tp: m(tp[0], tp[1][:, 0])[0])
+    losses = fit(model, _sampler(use_time), steps=steps, lr=lr, seed=seed, progress=progress,
+                 desc="temporal task" if use_time else "time-blind baseline", forward=_forward)
     return model.cpu(), losses
+
+
+def train_period_models(steps: int = 200, *, seeds: Sequence[int] = (0, 1, 2), use_time: bool = True,
+                        lr: float = 1e-2, progress: bool = False, device=None,
+                        **kwargs) -> list[tuple[PeriodModel, list[float]]]:
+    """:func:`train_period_model` for every seed, trained together as one batch (:func:`fit_many`: model i ends
+    where ``train_period_model(seed=seeds[i])`` takes it); ``[(model, losses)]`` per seed, models on CPU."""
+    models = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        models.append(PeriodModel(**kwargs).to(device or "cpu"))
+    curves = fit_many(models, _sampler(use_time), steps=steps, lr=lr, seeds=list(seeds), progress=progress,
+                      desc="temporal task" if use_time else "time-blind baseline", forward=_forward)
+    return [(m.cpu(), c) for m, c in zip(models, curves)]
 
 
 @torch.no_grad()

@@ -18,10 +18,10 @@ from torch import nn
 
 from ..gqa import GroupedQueryAttention, KVCache
 from ..tpa import TensorProductAttention, TPACache
-from ._train import fit, token_accuracy
+from ._train import SeedRuns, fit_many, token_accuracy
 
 __all__ = ["with_constant_channel", "tpa_from_gqa", "reverse_batch", "TinyLM", "make_model", "KINDS",
-           "SHOW", "COMPARE", "train_and_measure"]
+           "SHOW", "COMPARE", "train_and_measure", "train_seeds"]
 
 
 def with_constant_channel(x: torch.Tensor) -> torch.Tensor:
@@ -133,21 +133,49 @@ def train_and_measure(kind: str, *, steps: int = 150, n: int = 8, vocab: int = 1
                       losses: list | None = None):
     """Train ``make_model(kind, ...)`` on ``reverse_batch(gen, 64, n, vocab)`` for ``steps`` steps; return
     ``(model, accuracy, cache elements/token)``. Pass ``**SHOW`` or ``**COMPARE`` for the lesson's sizes.
-
     Accuracy is the token accuracy on the reversed half of 512 fresh sequences (a different seed).
     ``device`` (default CPU) is where the model trains and is evaluated; the model is returned on CPU.
     ``losses``: a list that receives the per-step training losses (for ``viz.plot_loss_curves``)."""
-    model = make_model(kind, n=n, vocab=vocab, d_model=d_model, num_heads=num_heads, seed=seed)
-    if device is not None:
-        model = model.to(device)
-    curve = fit(model, lambda g: reverse_batch(g, n=n, vocab=vocab), steps=steps, lr=1e-2, seed=seed,
-                progress=progress, desc=kind)
+    runs = train_seeds(kind, [seed], steps=steps, n=n, vocab=vocab, d_model=d_model, num_heads=num_heads,
+                       progress=progress, device=device)
     if losses is not None:
-        losses.extend(curve)
+        losses.extend(runs.losses[0])
+    model = runs.models[0]
+    return model, runs.accuracy[0], cache_per_token(model, seed, n=n, vocab=vocab)
+
+
+def _batch_for(seed: int, n: int, vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     x, y = reverse_batch(torch.Generator().manual_seed(seed + 1000), batch=512, n=n, vocab=vocab)
-    dev = next(model.parameters()).device
-    x, y = x.to(dev), y.to(dev)
-    with torch.no_grad():
-        acc = token_accuracy(model(x), y)
-        per_token = cache_elements_per_token(model.attn, model.embed(x[:8]))
-    return model.cpu(), acc, per_token
+    return x.to(device), y.to(device)
+
+
+@torch.no_grad()
+def accuracy(model: TinyLM, seed: int, *, n: int, vocab: int) -> float:
+    """Token accuracy on the reversed half of 512 fresh sequences (data seed ``seed + 1000``)."""
+    x, y = _batch_for(seed, n, vocab, next(model.parameters()).device)
+    return token_accuracy(model(x), y)
+
+
+@torch.no_grad()
+def cache_per_token(model: TinyLM, seed: int, *, n: int, vocab: int) -> float:
+    """The cache elements per token ``model.attn`` holds while decoding 8 of those sequences."""
+    x, _ = _batch_for(seed, n, vocab, next(model.parameters()).device)
+    return cache_elements_per_token(model.attn, model.embed(x[:8]))
+
+
+def train_seeds(kind: str, seeds, *, steps: int = 150, n: int = 8, vocab: int = 10, d_model: int = 32,
+                num_heads: int = 4, schedule: str = "one-cycle", read_at=(), progress: bool = False,
+                device=None) -> SeedRuns:
+    """``make_model(kind, seed=s, ...)`` for every seed, trained together as one batch (:func:`fit_many`; model
+    i ends where training it alone with seed i takes it). Accuracy as in :func:`train_and_measure`, at the end
+    and right after each step in ``read_at`` (with ``schedule="constant"``: the accuracy of a shorter run).
+    The models are returned on CPU."""
+    models = [make_model(kind, n=n, vocab=vocab, d_model=d_model, num_heads=num_heads, seed=s).to(device or "cpu")
+              for s in seeds]
+    acc = lambda ms: [accuracy(m, s, n=n, vocab=vocab) for m, s in zip(ms, seeds)]
+    at_acc: dict[int, list[float]] = {}
+    curves = fit_many(models, lambda g: reverse_batch(g, n=n, vocab=vocab), steps=steps, lr=1e-2, seeds=list(seeds),
+                      schedule=schedule, progress=progress, desc=kind,
+                      at_steps={k: (lambda ms, k=k: at_acc.__setitem__(k, acc(ms))) for k in read_at})
+    final = acc(models)
+    return SeedRuns([m.cpu() for m in models], curves, final, at_acc)

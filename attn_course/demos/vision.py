@@ -32,10 +32,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..vision import CBAM
-from ._train import fit
+from ._train import fit_many
 
 __all__ = ["GLYPHS", "CLASSES", "COLOURS", "COLOUR_NAMES", "CHANNEL_NAMES", "make_batch", "glyph_features",
-           "TargetFinder", "train_target_finder", "accuracy", "count_params", "count_flops", "gate_means",
+           "TargetFinder", "train_target_finder", "train_target_finders", "accuracy", "count_params", "count_flops", "gate_means",
            "FEATURE_NAMES", "load_photo", "photo_features", "hand_set_cbam"]
 
 GLYPHS = torch.tensor([[[0, 1, 0], [1, 1, 1], [0, 1, 0]],      # plus
@@ -135,11 +135,27 @@ def train_target_finder(attention: bool = True, *, steps: int = 300, batch: int 
     ``model``: train this (e.g. modified) model instead of a fresh one; the data stream is the same.
     Returns the trained model on ``device`` (default CPU), its per-step losses in ``model.losses``.
     """
-    torch.manual_seed(seed)
-    model = (TargetFinder(attention) if model is None else model).to(device or "cpu")
-    model.losses = fit(model, lambda g: make_batch(g, batch, **data), steps=steps, lr=lr, seed=seed,
-                       progress=progress, desc="CBAM" if model.cbam is not None else "plain", loss_fn=F.cross_entropy)
-    return model
+    return train_target_finders([seed], attention, steps=steps, batch=batch, lr=lr, progress=progress,
+                                device=device, models=None if model is None else [model], **data)[0]
+
+
+def train_target_finders(seeds, attention: bool = True, *, steps: int = 300, batch: int = 64, lr: float = 3e-2,
+                         progress: bool = False, device=None, models=None, **data) -> list[TargetFinder]:
+    """:func:`train_target_finder` for every seed, trained together as one batch (:func:`fit_many`: model i
+    ends where training it alone with seed i takes it). ``models``: one (e.g. modified) model per seed, all of
+    one architecture, instead of fresh ones."""
+    if models is None:
+        models = []
+        for seed in seeds:
+            torch.manual_seed(seed)
+            models.append(TargetFinder(attention))
+    models = [m.to(device or "cpu") for m in models]
+    curves = fit_many(models, lambda g: make_batch(g, batch, **data), steps=steps, lr=lr, seeds=list(seeds),
+                      progress=progress, desc="CBAM" if models[0].cbam is not None else "plain",
+                      loss_fn=F.cross_entropy)
+    for m, curve in zip(models, curves):
+        m.losses = curve
+    return models
 
 
 @torch.no_grad()
