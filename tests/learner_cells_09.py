@@ -182,119 +182,104 @@ def sparse_attention(q, k, v, mask):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 ''', "FORBIDDEN")])
 
-# ---- 09_window_tiles: the band's tiles only ---------------------------------------------------------------
+# ---- 09_window_tiles: the band's tile list and its step -----------------------------------------------------
 
-_TILES = '''
-def window_attention(q, k, v, window, block):
-    L, d = q.shape[-2:]
-    out = torch.empty_like(q)
-    for q0 in range(0, L, block):
-        q1 = min(q0 + block, L)
-        qi = q[..., q0:q1, :] / {scale}
-        m = torch.full((*qi.shape[:-1], 1), -math.inf, dtype=q.dtype)
-        l, acc = torch.zeros_like(m), torch.zeros_like(qi)
-        for k0 in range({first}, {last}, block):
-            k1 = min(k0 + block, L)
-            s = qi @ k[..., k0:k1, :].transpose(-2, -1)
-            i, j = torch.arange(q0, q1)[:, None], torch.arange(k0, k1)[None, :]
-            s = s.masked_fill({hide}, -math.inf)
-            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
-            m_sub = {m_sub}
-            p = torch.exp(s - m_sub)
-            alpha = torch.exp(m - m_sub)
-            l = alpha * l + p.sum(-1, keepdim=True)
-            acc = {rescaled} + p @ v[..., k0:k1, :]
-            m = m_new
-        out[..., q0:q1, :] = acc / l
-    return out
+_BAND = '''
+def band_tiles(L, window, block):
+    return [(q0, k0) for q0 in range(0, L, block) for k0 in range({first}, min(q0 + block, L), block)]
+
+
+def band_update(m, l, acc, q_i, k_j, v_j, q0, k0, window):
+    s = q_i @ k_j.transpose(-2, -1) / {scale}
+    i = torch.arange(q0, q0 + q_i.shape[-2])[:, None]
+    j = torch.arange(k0, k0 + k_j.shape[-2])[None, :]
+    s = s.masked_fill({hide}, -math.inf)
+    m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+    m_sub = torch.where(m_new == -math.inf, 0.0, m_new)
+    p, alpha = torch.exp(s - m_sub), torch.exp(m - m_sub)
+    return m_new, alpha * l + p.sum(-1, keepdim=True), {rescaled} + p @ v_j
 '''
-_OK = dict(scale="math.sqrt(d)", first="max(0, q0 - window + 1) // block * block", last="q1",
-           hide="(j > i) | (i - j >= window)", m_sub="torch.where(m_new == -math.inf, 0.0, m_new)",
-           rescaled="alpha * acc")
+_OK = dict(scale="math.sqrt(q_i.shape[-1])", first="max(0, q0 - window + 1) // block * block",
+           hide="(j > i) | (i - j >= window)", rescaled="alpha * acc")
+_PAIR = "(band_tiles, band_update)"
 
 
-def _tiles(**change):
-    return _TILES.format(**{**_OK, **change})
+def _band(**change):
+    return _BAND.format(**{**_OK, **change})
 
 
-CELLS["09_window_tiles"] = ("window_attention", '''
-def window_attention(q, k, v, window, block):
-    """Key tiles of `block` keys starting at q0 - W + 1 -- not aligned to the grid -- with the online softmax;
-    einsum for the products. No torch.softmax / logsumexp: exp and sums by hand. (F.scaled_dot_product_attention
-    and flex_attention are not used.)"""
-    L, d = q.shape[-2:]
-    out = torch.zeros_like(q)
+CELLS["09_window_tiles"] = (_PAIR, '''
+def band_tiles(L, window, block):
+    \"\"\"Per query block, walk the grid's key tiles down from the diagonal while the tile still reaches the
+    block's oldest visible key q0 - W + 1.\"\"\"
+    out = []
     for q0 in range(0, L, block):
-        q1 = min(L, q0 + block)
-        run_max = torch.full((*q.shape[:-2], q1 - q0, 1), -math.inf, dtype=q.dtype)
-        denom = torch.zeros_like(run_max)
-        total = torch.zeros(*q.shape[:-2], q1 - q0, v.shape[-1], dtype=q.dtype)
-        for lo in range(max(0, q0 - window + 1), q1, block):
-            hi = min(lo + block, q1)
-            scores = torch.einsum("bhid,bhjd->bhij", q[..., q0:q1, :], k[..., lo:hi, :]) * d ** -0.5
-            gap = torch.arange(q0, q1)[:, None] - torch.arange(lo, hi)[None, :]        # i - j
-            scores = torch.where((gap >= 0) & (gap < window), scores, torch.tensor(-math.inf, dtype=q.dtype))
-            new_max = torch.maximum(run_max, scores.amax(-1, keepdim=True))
-            shift = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
-            weights, keep = (scores - shift).exp(), (run_max - shift).exp()
-            denom = keep * denom + weights.sum(-1, keepdim=True)
-            total = keep * total + torch.einsum("bhij,bhjd->bhid", weights, v[..., lo:hi, :])
-            run_max = new_max
-        out[..., q0:q1, :] = total / denom
+        k0 = min(q0 + block, L) - 1 - (min(q0 + block, L) - 1) % block      # the diagonal tile
+        while k0 >= 0 and k0 + block - 1 >= q0 - window + 1:
+            out.append((q0, k0))
+            k0 -= block
     return out
+
+
+def band_update(m, l, acc, q_i, k_j, v_j, q0, k0, window):
+    \"\"\"einsum, a where for the mask; no torch.softmax / logsumexp (F.scaled_dot_product_attention and
+    flex_attention are not used).\"\"\"
+    s = torch.einsum("bhid,bhjd->bhij", q_i, k_j) * q_i.shape[-1] ** -0.5
+    gap = torch.arange(q0, q0 + q_i.shape[-2])[:, None] - torch.arange(k0, k0 + k_j.shape[-2])[None, :]
+    s = torch.where((gap >= 0) & (gap < window), s, torch.tensor(-math.inf, dtype=s.dtype))
+    m_new = torch.max(m, s.max(-1, keepdim=True).values)
+    safe = m_new.nan_to_num(neginf=0.0)
+    p, a = (s - safe).exp(), (m - safe).exp()
+    return m_new, a * l + p.sum(-1, keepdim=True), a * acc + torch.einsum("bhij,bhjd->bhid", p, v_j)
 ''', [
-    (_tiles(hide="(j > i) | (i - j > window)", first="max(0, q0 - window) // block * block"), "W + 1 keys"),
-    (_tiles(hide="(i - j >= window) | ((j > i) & (k0 < q0))"), "diagonal tiles need the causal mask"),
-    (_tiles(hide="j > i"), "window mask is missing"),
-    (_tiles(rescaled="acc"), "accumulator is not rescaled"),
-    (_tiles(scale="1.0"), "not scaled"),
-    (_tiles(m_sub="m_new"), "NaN"),
-    (_tiles(first="0", last="L"), "you visited about"),               # every tile, masked: right values
-    (_tiles(first="0"), "the band has"),                              # every tile up to the diagonal
-    # review 08-14 M9-1 (alt09.py): every causal tile, the products written as broadcast-multiply-and-sum
-    (_tiles(first="0").replace("s = qi @ k[..., k0:k1, :].transpose(-2, -1)",
-                               "s = (qi[..., :, None, :] * k[..., None, k0:k1, :]).sum(-1)")
-                      .replace("p @ v[..., k0:k1, :]", "(p[..., :, :, None] * v[..., None, k0:k1, :]).sum(-2)"),
-     "you visited about"),
-    # review 08-14 M9-1 (alt09.py): no online softmax -- one exact softmax per query block over its key range
+    (_band(hide="(j > i) | (i - j > window)"), "off by one"),
+    (_band(hide="i - j >= window"), "the diagonal tiles need the causal mask"),
+    (_band(hide="j > i"), "the window mask is missing"),
+    (_band(rescaled="acc"), "accumulator is not rescaled"),
+    (_band(scale="1.0"), "not scaled"),
+    (_band(first="0"), "holds no key any query of its block may see"),                 # every causal tile
+    (_band(first="max(0, q0 - window + 1) // block * block + block"), "is missing"),
+    # the review's H9-1 shortcuts as steps: an exact softmax over every tile seen so far (a stash), per row
     ('''
-def window_attention(q, k, v, window, block):
-    L, d = q.shape[-2:]
-    out = torch.empty_like(q)
-    for q0 in range(0, L, block):
-        q1 = min(q0 + block, L); k0 = max(0, q0 - window + 1)
-        s = q[..., q0:q1, :] @ k[..., k0:q1, :].transpose(-2, -1) / math.sqrt(d)
-        i = torch.arange(q0, q1)[:, None]; j = torch.arange(k0, q1)[None, :]
-        s = s.masked_fill((j > i) | (i - j >= window), -math.inf)
-        e = torch.exp(s - s.amax(-1, keepdim=True))
-        out[..., q0:q1, :] = (e / e.sum(-1, keepdim=True)) @ v[..., k0:q1, :]
-    return out
-''', "not the online softmax"),
+def band_tiles(L, window, block):
+    return [(q0, k0) for q0 in range(0, L, block) for k0 in range(max(0, q0 - window + 1) // block * block,
+                                                                    min(q0 + block, L), block)]
+
+SEEN = {}
+def band_update(m, l, acc, q_i, k_j, v_j, q0, k0, window):
+    \"\"\"Per query row, one exact softmax over all the keys of the tiles seen so far; the state is ignored.\"\"\"
+    SEEN.setdefault((q0, q_i.shape), []).append((k0, k_j, v_j))
+    rows = []
+    for r in range(q_i.shape[-2]):
+        i = q0 + r
+        ks = [(kk[..., n, :], vv[..., n, :]) for k0_, kk, vv in SEEN[(q0, q_i.shape)]
+              for n in range(kk.shape[-2]) if 0 <= i - (k0_ + n) < window]
+        if not ks:
+            rows.append((torch.full_like(m[..., r, :], -math.inf), torch.zeros_like(l[..., r, :]), torch.zeros_like(acc[..., r, :])))
+            continue
+        s = torch.stack([(q_i[..., r, :] * kk).sum(-1) for kk, _ in ks], -1) / math.sqrt(q_i.shape[-1])
+        mx = s.amax(-1, keepdim=True)
+        e = torch.exp(s - mx)
+        rows.append((mx, e.sum(-1, keepdim=True), (e[..., None] * torch.stack([vv for _, vv in ks], -2)).sum(-2)))
+    return tuple(torch.stack([r[n] for r in rows], -2) for n in range(3))
+''', "fold the tile into the state it is given"),
     ('''
-def window_attention(q, k, v, window, block):
-    L = q.shape[-2]
-    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])            # the whole L x L matrix: not tiled
-    i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
-    s = s.masked_fill((j > i) | (i - j >= window), -math.inf)
-    w = torch.exp(s - s.amax(-1, keepdim=True))
-    return w @ v / w.sum(-1, keepdim=True)
-''', "as large as the whole score matrix"),
-    (_tiles().replace("p = torch.exp(s - m_sub)", "p = torch.softmax(s, -1) * torch.exp(s - m_sub).sum(-1, keepdim=True)"),
-     "FORBIDDEN"),
-    ('''
-from torch.nn.attention.flex_attention import flex_attention
-def window_attention(q, k, v, window, block):
-    """FlexAttention's band, with a hand-written fallback where it cannot run."""
-    try:
-        return flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: torch.where((j <= i) & (i - j < window), s, -math.inf))
-    except Exception:
-        L = q.shape[-2]
-        i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
-        s = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill((j > i) | (i - j >= window), -math.inf)
-        w = torch.exp(s - s.amax(-1, keepdim=True))
-        return w @ v / w.sum(-1, keepdim=True)
+def band_tiles(L, window, block):
+    return [(q0, k0) for q0 in range(0, L, block) for k0 in range(max(0, q0 - window + 1) // block * block,
+                                                                    min(q0 + block, L), block)]
+
+def band_update(m, l, acc, q_i, k_j, v_j, q0, k0, window):
+    \"\"\"The review's fused-op answer on one tile, merged into the state.\"\"\"
+    i = torch.arange(q0, q0 + q_i.shape[-2])[:, None]; j = torch.arange(k0, k0 + k_j.shape[-2])[None, :]
+    mask = torch.zeros(i.shape[0], j.shape[1], dtype=q_i.dtype).masked_fill((j > i) | (i - j >= window), -math.inf)
+    o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q_i, k_j, v_j, 0.0, False, attn_mask=mask)[:2]
+    lse = lse[..., None]
+    m_new = torch.maximum(m, lse).nan_to_num(neginf=0.0)
+    a, b = torch.exp(m - m_new), torch.exp(lse - m_new).nan_to_num(0.0)
+    return m_new, a * l + b, a * acc + b * o.nan_to_num(0.0)
 ''', "FORBIDDEN"),
 ])
+
 
 # ---- 09_rolling_decode: a cache bounded by W --------------------------------------------------------------
 
@@ -403,31 +388,21 @@ def decode_step(k_cache, v_cache, q, k, v, t):
 # ---- correct variants the review tried (08-14, alt09.py): each must get full marks ------------------------
 
 ALSO_CORRECT = {"09_window_tiles": [
-    # the grid's tiles on inputs zero-padded to a multiple of block (the way GPU kernels pad)
+    # a tile zero-padded to block x block inside the step (the way GPU kernels pad edge tiles), and the band
+    # as a set built from the visible pairs
     '''
-def window_attention(q, k, v, window, block):
-    B, H, L, d = q.shape
-    Lp = -(-L // block) * block
-    pad = lambda t: torch.cat([t, t.new_zeros(B, H, Lp - L, t.shape[-1])], -2)
-    qp, kp, vp = pad(q), pad(k), pad(v)
-    out = torch.empty_like(qp)
-    for q0 in range(0, Lp, block):
-        q1 = q0 + block
-        qi = qp[..., q0:q1, :] / math.sqrt(d)
-        m = torch.full((B, H, block, 1), -math.inf, dtype=q.dtype); l = torch.zeros_like(m); acc = torch.zeros_like(qi)
-        for k0 in range(max(0, q0 - window + 1) // block * block, q1, block):
-            k1 = k0 + block
-            s = qi @ kp[..., k0:k1, :].transpose(-2, -1)
-            i = torch.arange(q0, q1)[:, None]; j = torch.arange(k0, k1)[None, :]
-            s = s.masked_fill((j > i) | (i - j >= window), -math.inf)
-            m_new = torch.maximum(m, s.amax(-1, keepdim=True)); ms = torch.where(m_new == -math.inf, 0.0, m_new)
-            p = torch.exp(s - ms); a = torch.exp(m - ms)
-            l = a * l + p.sum(-1, keepdim=True); acc = a * acc + p @ vp[..., k0:k1, :]; m = m_new
-        out[..., q0:q1, :] = acc / l
-    return out[..., :L, :]
+def band_tiles(L, window, block):
+    return sorted({(i // block * block, j // block * block) for i in range(L) for j in range(max(0, i - window + 1), i + 1)})
+
+
+def band_update(m, l, acc, q_i, k_j, v_j, q0, k0, window):
+    bq, bk, n = q_i.shape[-2], k_j.shape[-2], max(q_i.shape[-2], k_j.shape[-2], 8)
+    pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, n - t.shape[-2]))
+    s = pad(q_i) @ pad(k_j).transpose(-2, -1) / math.sqrt(q_i.shape[-1])
+    i = torch.arange(q0, q0 + n)[:, None]; j = torch.arange(k0, k0 + n)[None, :]
+    s = s.masked_fill((j > i) | (i - j >= window) | (j >= k0 + bk), -math.inf)[..., :bq, :]
+    m_new = torch.maximum(m, s.amax(-1, keepdim=True)); ms = torch.where(m_new == -math.inf, 0.0, m_new)
+    p = torch.exp(s - ms); a = torch.exp(m - ms)
+    return m_new, a * l + p.sum(-1, keepdim=True), a * acc + p @ pad(v_j)
 ''',
-    # the band's tiles with the products written as broadcast-multiply-and-sum: counted like matmuls
-    _tiles().replace("s = qi @ k[..., k0:k1, :].transpose(-2, -1)",
-                     "s = (qi[..., :, None, :] * k[..., None, k0:k1, :]).sum(-1)")
-            .replace("p @ v[..., k0:k1, :]", "(p[..., :, :, None] * v[..., None, k0:k1, :]).sum(-2)"),
 ]}

@@ -200,23 +200,17 @@ def causal_linear_attention(q, k, v):
     return linear_attention(q, k, v, is_causal=True)
 ''', "FORBIDDEN")])
 
-# ---- 10_chunked_scan: a state carried from chunk to chunk ---------------------------------------------------
+# ---- 10_chunked_scan: the chunk step, with the state the grader carries ------------------------------------
 
 _SCAN = '''
-def chunked_linear_attention(phi_q, phi_k, v, chunk):
-    B, H, L, E = phi_q.shape
-    S = torch.zeros(B, H, E, v.shape[-1], dtype=v.dtype)
-    z = torch.zeros(B, H, E, dtype=v.dtype)
-    outs = []
-    for c0 in range(0, L, chunk):
-        Q, K, V = phi_q[..., c0:c0 + chunk, :], phi_k[..., c0:c0 + chunk, :], v[..., c0:c0 + chunk, :]
-        {before}
-        A = {intra}
-        num = Q @ S + A @ V
-        den = Q @ z.unsqueeze(-1) + A.sum(-1, keepdim=True){eps}
-        outs.append({ratio})
-        {after}
-    return torch.cat(outs, dim=-2)
+def chunk_step(S, z, phi_q, phi_k, v):
+    Q, K, V = phi_q, phi_k, v
+    {before}
+    A = {intra}
+    num = Q @ S + A @ V
+    den = Q @ z.unsqueeze(-1) + A.sum(-1, keepdim=True){eps}
+    {after}
+    return {ratio}, S, z
 '''
 _SOK = dict(before="", intra="torch.tril(Q @ K.transpose(-2, -1))", eps=" + 1e-6", ratio="num / den",
             after="S, z = S + K.transpose(-2, -1) @ V, z + K.sum(-2)")
@@ -226,24 +220,16 @@ def _scan(**change):
     return _SCAN.format(**{**_SOK, **change})
 
 
-CELLS["10_chunked_scan"] = ("chunked_linear_attention", '''
-import torch.nn.functional as F
-from einops import rearrange
-
-def chunked_linear_attention(phi_q, phi_k, v, chunk):
-    """Every chunk at once: pad L up to n chunks (a zero phi(k) adds nothing), each chunk's (E, Ev) state,
-    an EXCLUSIVE cumsum over the chunks (n states, not L), and the masked C x C block inside each chunk.
-    F.scaled_dot_product_attention is not used."""
-    L = phi_q.shape[-2]
-    pad = (chunk - L % chunk) % chunk
-    Q, K, V = (rearrange(F.pad(t, (0, 0, 0, pad)), "b h (n c) e -> b h n c e", c=chunk) for t in (phi_q, phi_k, v))
-    per_chunk = torch.einsum("bhnce,bhncf->bhnef", K, V)
-    S_before = per_chunk.cumsum(dim=2) - per_chunk
-    z_before = K.sum(3).cumsum(dim=2) - K.sum(3)
-    A = torch.einsum("bhnie,bhnje->bhnij", Q, K).tril()
-    num = torch.einsum("bhnie,bhnef->bhnif", Q, S_before) + torch.einsum("bhnij,bhnjf->bhnif", A, V)
-    den = torch.einsum("bhnie,bhne->bhni", Q, z_before) + A.sum(-1) + 1e-6
-    return rearrange(num / den.unsqueeze(-1), "b h n c f -> b h (n c) f")[..., :L, :]
+CELLS["10_chunked_scan"] = ("chunk_step", '''
+def chunk_step(S, z, phi_q, phi_k, v):
+    \"\"\"einsum throughout; the normaliser as one more value column of ones (F.scaled_dot_product_attention is
+    not used).\"\"\"
+    V1 = torch.cat([v, torch.ones_like(v[..., :1])], -1)                     # [V | 1]
+    Sz = torch.cat([S, z.unsqueeze(-1)], -1)                                  # [S | z]
+    A = torch.einsum("bhie,bhje->bhij", phi_q, phi_k).tril()
+    nd = torch.einsum("bhie,bhef->bhif", phi_q, Sz) + torch.einsum("bhij,bhjf->bhif", A, V1)
+    new = Sz + torch.einsum("bhje,bhjf->bhef", phi_k, V1)
+    return nd[..., :-1] / (nd[..., -1:] + 1e-6), new[..., :-1], new[..., -1]
 ''', [
     (_scan(ratio="num"), "normaliser is missing"),
     (_scan(eps=""), "eps is missing"),
@@ -251,69 +237,47 @@ def chunked_linear_attention(phi_q, phi_k, v, chunk):
     (_scan(intra="Q @ K.transpose(-2, -1)"), "not causal inside the chunk"),
     (_scan(intra="torch.tril(Q @ K.transpose(-2, -1), diagonal=-1)"), "diagonal is excluded"),
     (_scan(before="S, z = S + K.transpose(-2, -1) @ V, z + K.sum(-2)", after=""), "updated BEFORE"),
-    (_scan(after="S, z = K.transpose(-2, -1) @ V, K.sum(-2)"), "accumulate every earlier chunk"),
-    # review 08-14 H-E1 (alt10.py): no carried state, O(L²) work, no tensor as large as L x L
+    (_scan(after="S, z = K.transpose(-2, -1) @ V, K.sum(-2)"), "must accumulate"),
+    # the review's M10-1 shortcut as a step: no carried state — every earlier chunk stashed, each query compared
+    # with its whole prefix through a masked_fill (the products the old work counter lost)
     ('''
-def chunked_linear_attention(phi_q, phi_k, v, chunk):
-    L = phi_q.shape[-2]
-    out = torch.empty_like(v)
-    for c0 in range(0, L, chunk):                       # each query chunk against ALL earlier keys
-        c1 = min(c0 + chunk, L)
-        A = phi_q[..., c0:c1, :] @ phi_k[..., :c1, :].transpose(-2, -1)          # (B, H, C, c1)
-        i = torch.arange(c0, c1)[:, None]; j = torch.arange(c1)[None, :]
-        A = A * (j <= i)
-        out[..., c0:c1, :] = (A @ v[..., :c1, :]) / (A.sum(-1, keepdim=True) + 1e-6)
-    return out
-''', "compare it with its own chunk only"),
-    ('''
-def chunked_linear_attention(phi_q, phi_k, v, chunk):
-    L = phi_q.shape[-2]
-    outs = []
-    for i in range(L):                                  # one query at a time against its prefix
-        a = (phi_q[..., i:i+1, :] @ phi_k[..., :i+1, :].transpose(-2, -1))     # (B, H, 1, i+1)
-        outs.append((a @ v[..., :i+1, :]) / (a.sum(-1, keepdim=True) + 1e-6))
-    return torch.cat(outs, -2)
-''', "compare it with its own chunk only"),
-    ('''
-def chunked_linear_attention(phi_q, phi_k, v, chunk):
-    L = phi_q.shape[-2]
-    outs = []
-    for i in range(L):                                  # the same, as broadcast-multiply-and-sum
-        a = (phi_q[..., i:i+1, None, :] * phi_k[..., None, :i+1, :]).sum(-1)    # (B, H, 1, i+1)
-        outs.append((a[..., None] * v[..., None, :i+1, :]).sum(-2) / (a.sum(-1, keepdim=True) + 1e-6))
-    return torch.cat(outs, -2)
-''', "compare it with its own chunk only"),
-    ('''
-def chunked_linear_attention(phi_q, phi_k, v, chunk):
-    A = torch.tril(phi_q @ phi_k.transpose(-2, -1))               # the quadratic form: L x L
-    return A @ v / (A.sum(-1, keepdim=True) + 1e-6)
-''', "one head's L × L"),
-    ('''
-def chunked_linear_attention(phi_q, phi_k, v, chunk):
-    S = torch.einsum("bhle,bhlf->bhlef", phi_k, v).cumsum(2)     # one state per position
-    num = torch.einsum("bhle,bhlef->bhlf", phi_q, S)
-    return num / ((phi_q * phi_k.cumsum(2)).sum(-1, keepdim=True) + 1e-6)
-''', "a state per position"),
-    ('''
-def chunked_linear_attention(phi_q, phi_k, v, chunk):
-    B, H, L, E = phi_q.shape
-    n = L // chunk
-    Q, K, V = (t.reshape(B, H, n, chunk, t.shape[-1]) for t in (phi_q, phi_k, v))   # L % chunk == 0 assumed
-    kv = K.transpose(-2, -1) @ V
-    S, z = kv.cumsum(2) - kv, K.sum(3).cumsum(2) - K.sum(3)
-    A = torch.tril(Q @ K.transpose(-2, -1))
-    out = (Q @ S + A @ V) / (Q @ z.unsqueeze(-1) + A.sum(-1, keepdim=True) + 1e-6)
-    return out.reshape(B, H, L, -1)
-''', "L need not be a multiple of the chunk size"),
+SEEN = []
+def chunk_step(S, z, phi_q, phi_k, v):
+    \"\"\"Stateless O(L^2): keep every chunk seen so far and compare each query with its whole prefix.\"\"\"
+    if not SEEN or SEEN[-1][2].shape != S.shape or not torch.equal(SEEN[-1][2], S):
+        SEEN.clear()                                        # not the state I returned last: a new sequence
+    SEEN.append((phi_k, v, None))
+    K = torch.cat([k for k, _, _ in SEEN], -2); V = torch.cat([x for _, x, _ in SEEN], -2)
+    n, C = K.shape[-2], phi_q.shape[-2]
+    i = torch.arange(n - C, n)[:, None]; j = torch.arange(n)[None, :]
+    prod = (phi_q[..., :, None, :] * K[..., None, :, :]).masked_fill(~(j <= i)[..., None], 0.0)
+    a = prod.sum(-1)
+    out = (a[..., None] * V[..., None, :, :]).sum(-2) / (a.sum(-1, keepdim=True) + 1e-6)
+    S_new = S + phi_k.transpose(-2, -1) @ v
+    SEEN[-1] = (phi_k, v, S_new)
+    return out, S_new, z + phi_k.sum(-2)
+''', "read the earlier tokens from the S, z it is given"),
     ('''
 from attn_course.linear import linear_attention
-def chunked_linear_attention(phi_q, phi_k, v, chunk):
-    return linear_attention(phi_q, phi_k, v, is_causal=True, chunk_size=chunk, feature_map=lambda x: x)
+def chunk_step(S, z, phi_q, phi_k, v):
+    out = linear_attention(phi_q, phi_k, v, is_causal=True, feature_map=lambda x: x)
+    return out, S + phi_k.transpose(-2, -1) @ v, z + phi_k.sum(-2)
 ''', "FORBIDDEN"),
 ])
 
 
 ALSO_CORRECT = {"10_chunked_scan": [
-    _scan(),                                            # the loop form, one running (S, z) carried across chunks
+    _scan(),                                            # the plain chunk form
     _scan(intra="torch.tril(torch.einsum('bhie,bhje->bhij', Q, K))"),
+    # the token-by-token recurrence inside the step (review M10-2): the same sums, allowed and said so in the prompt
+    '''
+def chunk_step(S, z, phi_q, phi_k, v):
+    outs = []
+    for t in range(phi_q.shape[-2]):                    # exercise 10.3's step, C times
+        S = S + phi_k[..., t, :, None] * v[..., t, None, :]
+        z = z + phi_k[..., t, :]
+        q = phi_q[..., t, :]
+        outs.append((q[..., :, None] * S).sum(-2) / ((q * z).sum(-1, keepdim=True) + 1e-6))
+    return torch.stack(outs, -2), S, z
+''',
 ]}

@@ -36,42 +36,45 @@ def test_online_step():
     assert_hint("08_online_step", make_step(safe=False), "exp(−∞ + ∞) = NaN")
 
 
-# ---- 08_tiled_forward ----
+# ---- 08_tiled_forward (the grader drives the tiles; the learner writes the tile step) ----
 
-def make_tiled(scale=True, mask=True, rescale=True, lse_with_max=True):
-    def tiled_attention(q, k, v, causal, block):
-        L, d = q.shape[-2], q.shape[-1]
-        sc = 1 / math.sqrt(d) if scale else 1.0
-        outs, lses = [], []
-        for q0 in range(0, L, block):
-            qi = q[..., q0:q0 + block, :]
-            m = torch.full((*qi.shape[:-1], 1), -INF, dtype=q.dtype)
-            l = torch.zeros_like(m)
-            acc = torch.zeros_like(qi)
-            for k0 in range(0, L, block):
-                s = qi @ k[..., k0:k0 + block, :].transpose(-2, -1) * sc
-                if causal and mask:
-                    rows = torch.arange(q0, q0 + qi.shape[-2])[:, None]
-                    cols = torch.arange(k0, k0 + s.shape[-1])[None, :]
-                    s = s.masked_fill(cols > rows, -INF)
-                m_new = torch.maximum(m, s.amax(-1, keepdim=True))
-                p = torch.exp(s - m_new)
-                alpha = torch.exp(m - m_new)
-                l = alpha * l + p.sum(-1, keepdim=True)
-                acc = (alpha * acc if rescale else acc) + p @ v[..., k0:k0 + block, :]
-                m = m_new
-            outs.append(acc / l)
-            lses.append((m + torch.log(l) if lse_with_max else torch.log(l)).squeeze(-1))
-        return torch.cat(outs, -2), torch.cat(lses, -1)
-    return tiled_attention
+def make_tile(scale=True, mask=True, rescale=True, safe=True):
+    def flash_tile(m, l, acc, q_i, k_j, v_j, visible):
+        s = q_i @ k_j.transpose(-2, -1) * (1 / math.sqrt(q_i.shape[-1]) if scale else 1.0)
+        s = s.masked_fill(~visible, -INF) if mask else s
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        m_sub = torch.where(m_new == -INF, torch.zeros_like(m_new), m_new) if safe else m_new
+        p, alpha = torch.exp(s - m_sub), torch.exp(m - m_sub)
+        return m_new, alpha * l + p.sum(-1, keepdim=True), (alpha * acc if rescale else acc) + p @ v_j
+    return flash_tile
 
 
 def test_tiled_forward():
-    assert_all_pass("08_tiled_forward", make_tiled())
-    assert_hint("08_tiled_forward", make_tiled(scale=False), "not scaled")
-    assert_hint("08_tiled_forward", make_tiled(mask=False), "causal mask is missing")
-    assert_hint("08_tiled_forward", make_tiled(rescale=False), "rescale of acc")
-    assert_hint("08_tiled_forward", make_tiled(lse_with_max=False), "add the running max back")
+    assert_all_pass("08_tiled_forward", make_tile())
+    assert_hint("08_tiled_forward", make_tile(scale=False), "not scaled")
+    assert_hint("08_tiled_forward", make_tile(mask=False), "`visible` is ignored")
+    assert_hint("08_tiled_forward", make_tile(rescale=False), "accumulator is not rescaled")
+    assert_hint("08_tiled_forward", make_tile(safe=False), "exp(−∞ + ∞) = NaN")
+
+
+def test_tiled_forward_reference_is_the_softmax_over_keys_and_prior():
+    """The dense reference with an all-empty prior state is attention and its logsumexp (fp64), and the grader's
+    loop visits every tile a causal kernel visits, each once."""
+    from attn_course.grading.exercises import get
+    from attn_course.grading.exercises.lesson08 import _attn_ref, _tiled_expected, tile_grid
+    for case in get("08_tiled_forward").cases(torch.Generator().manual_seed(4)):
+        i, p = case.inputs, case.params
+        empty = dict(case.inputs, m0=torch.full_like(i["m0"], -INF), l0=torch.zeros_like(i["l0"]),
+                     acc0=torch.zeros_like(i["acc0"]))
+        want = _tiled_expected(type(case)(case.name, empty, case.params))
+        out, lse, _ = _attn_ref(i["q"], i["k"], i["v"], p["causal"])
+        torch.testing.assert_close(want["out"], out)
+        torch.testing.assert_close(want["lse"], lse)
+        L = i["q"].shape[-2]
+        tiles = tile_grid(L, p["block_q"], p["block_k"], p["causal"], p["order"])
+        assert len(set(tiles)) == len(tiles) == sum(-(-min(L, q0 + p["block_q"]) // p["block_k"]) if p["causal"]
+                                                    else -(-L // p["block_k"]) for q0 in range(0, L, p["block_q"]))
+        assert bool((i["l0"] > 0).any()) and bool((i["l0"] == 0).any())          # both kinds of start state
 
 
 # ---- 08_backward_from_lse ----
@@ -97,6 +100,23 @@ def test_backward_from_lse():
     assert_hint("08_backward_from_lse", make_bwd(use_lse=False), "exp(S − L)")
     assert_hint("08_backward_from_lse", make_bwd(use_D=False), "you left out D")
     assert_hint("08_backward_from_lse", make_bwd(scale_grads=False), "need the scale too")
+
+
+def test_backward_reference_is_autograd_where_lse_and_out_are_true():
+    """On the unperturbed cases the formula's reference is autograd of attention (fp64); on the perturbed ones
+    autograd's answer — what a backward that ignores lse and out returns — misses it, with the hint."""
+    from attn_course.grading.exercises import get
+    from attn_course.grading.exercises.lesson08 import _true_grads
+    from exercise_kit import results
+    ex = get("08_backward_from_lse")
+    cases = ex.cases(torch.Generator().manual_seed(0))
+    for case in cases:
+        same = [torch.allclose(ex.expected(case)[key], t) for key, t in _true_grads(case).items()]
+        assert all(same) != case.params["perturbed"], case.name
+    res = results("08_backward_from_lse", lambda q, k, v, out, lse, dout, causal: tuple(
+        _true_grads(type(cases[0])("", {"q": q, "k": k, "v": v, "dout": dout}, {"causal": causal})).values()))
+    assert [ok for ok, _ in res] == [not c.params["perturbed"] for c in cases], res
+    assert all("not from the lse" in msg for ok, msg in res if not ok), res
 
 
 # ---- 08_causal_tiles ----
@@ -161,79 +181,58 @@ def test_hbm_traffic(kw, fragment):
         assert_hint("08_hbm_traffic", fn, fragment)
 
 
-# ---- 08_tiled_backward (build: FlashAttention's tiled, recomputing backward) ----
+# ---- 08_tiled_backward (the grader drives the tiles; the learner writes the tile step) ----
 
-def make_tiled_bwd(p="lse", use_D=True, scale_ds=True, skip=True, strip=False):
-    """The tiled backward (query tiles outside), with one mistake: ``p`` "lse" / "tile" (each tile normalised by
-    its own row sums) / "exp"; ``use_D``; ``scale_ds``; ``skip=False``: causal visits every tile; ``strip``: each
-    query block against all keys at once."""
-    def tiled_backward(q, k, v, out, lse, dout, causal, block):
-        L, d = q.shape[-2:]
-        scale = 1 / math.sqrt(d)
-        D = (dout * out).sum(-1, keepdim=True) if use_D else torch.zeros_like(out[..., :1])
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        for q0 in range(0, L, block):
-            q1 = min(q0 + block, L)
-            kb = L if strip else block
-            for k0 in range(0, q1 if (causal and skip) else L, kb):
-                k1 = min(k0 + kb, L)
-                s = q[..., q0:q1, :] @ k[..., k0:k1, :].transpose(-2, -1) * scale
-                if causal:
-                    s = s.masked_fill(torch.arange(k0, k1)[None, :] > torch.arange(q0, q1)[:, None], -math.inf)
-                if p == "lse":
-                    P = torch.exp(s - lse[..., q0:q1, None])
-                elif p == "tile":
-                    e = torch.exp(s - s.amax(-1, keepdim=True))
-                    P = e / e.sum(-1, keepdim=True)
-                else:
-                    P = torch.exp(s)
-                dv[..., k0:k1, :] += P.transpose(-2, -1) @ dout[..., q0:q1, :]
-                dS = P * (dout[..., q0:q1, :] @ v[..., k0:k1, :].transpose(-2, -1) - D[..., q0:q1, :])
-                g = scale if scale_ds else 1.0
-                dq[..., q0:q1, :] += dS @ k[..., k0:k1, :] * g
-                dk[..., k0:k1, :] += dS.transpose(-2, -1) @ q[..., q0:q1, :] * g
-        return dq, dk, dv
-    return tiled_backward
+def make_tile_bwd(p="lse", use_D=True, scale_ds=True, mask=True, pad=0):
+    """The backward's tile step with one mistake (``p`` "lse" / "tile" / "exp", ``use_D``, ``scale_ds``, ``mask``),
+    or zero-padded to ``pad`` rows (a correct variant)."""
+    def tile_step(q_i, k_j, v_j, do_i, lse_i, D_i, visible):
+        bq, bk = q_i.shape[-2], k_j.shape[-2]
+        if pad:
+            P2 = lambda t: torch.nn.functional.pad(t, (0, 0, 0, pad - t.shape[-2]))  # noqa: E731
+            q_i, k_j, v_j, do_i = P2(q_i), P2(k_j), P2(v_j), P2(do_i)
+            lse_i, D_i = (torch.nn.functional.pad(t, (0, pad - bq)) for t in (lse_i, D_i))
+            visible = torch.nn.functional.pad(visible, (0, pad - bk, 0, pad - bq))
+        scale = 1 / math.sqrt(q_i.shape[-1])
+        s = q_i @ k_j.transpose(-2, -1) * scale
+        s = s.masked_fill(~visible, -INF) if mask else s
+        if p == "lse":
+            P = torch.exp(s - lse_i[..., None])
+        elif p == "tile":
+            e = torch.exp(s - s.amax(-1, keepdim=True))
+            P = e / e.sum(-1, keepdim=True)
+        else:
+            P = torch.exp(s)
+        dS = P * (do_i @ v_j.transpose(-2, -1) - (D_i[..., None] if use_D else 0.0)) * (scale if scale_ds else 1.0)
+        return (dS @ k_j)[..., :bq, :], (dS.transpose(-2, -1) @ q_i)[..., :bk, :], (P.transpose(-2, -1) @ do_i)[..., :bk, :]
+    return tile_step
 
 
 def test_tiled_backward():
-    assert_all_pass("08_tiled_backward", make_tiled_bwd())
-    assert_hint("08_tiled_backward", make_tiled_bwd(use_D=False), "D_i is missing")
-    assert_hint("08_tiled_backward", make_tiled_bwd(p="tile"), "each tile's own row sums")
-    assert_hint("08_tiled_backward", make_tiled_bwd(p="exp"), "exp(S) alone is not normalised")
-    assert_hint("08_tiled_backward", make_tiled_bwd(scale_ds=False), "the scale is missing in dS")
+    assert_all_pass("08_tiled_backward", make_tile_bwd())
+    assert_all_pass("08_tiled_backward", make_tile_bwd(pad=8))                          # review M8-1: padding is fine
+    assert_all_pass("08_tiled_backward", lambda *a: torch.no_grad()(make_tile_bwd())(*a))   # and no_grad
+    assert_hint("08_tiled_backward", make_tile_bwd(use_D=False), "D_i is missing")
+    assert_hint("08_tiled_backward", make_tile_bwd(p="tile"), "each tile's own row sums")
+    assert_hint("08_tiled_backward", make_tile_bwd(p="exp"), "exp(S) alone is not normalised")
+    assert_hint("08_tiled_backward", make_tile_bwd(scale_ds=False), "the scale is missing in dS")
+    assert_hint("08_tiled_backward", make_tile_bwd(mask=False), "`visible` is ignored")
 
 
-def test_tiled_backward_reference_is_autograd_of_the_formula():
-    """The judge's reference (autograd of SDPA, fp64) equals 8.3's reference (autograd of the explicit formula)
-    and the hint model without mistakes, on the held-out shapes."""
+def test_tiled_backward_reference_is_autograd_of_attention():
+    """The judge's reference equals autograd of SDPA (fp64) on the unperturbed cases, and is the formula with the
+    given lse and D on the perturbed one, which autograd's gradients miss; every case is ragged, blocks unequal."""
+    import torch.nn.functional as F
+
     from attn_course.grading.exercises import get
-    from attn_course.grading.exercises.lesson08 import _attn_ref, _tb_model
     ex = get("08_tiled_backward")
     for case in ex.cases(torch.Generator().manual_seed(5)):
         i = case.inputs
         q, k, v = (i[n].clone().requires_grad_() for n in "qkv")
-        ref = torch.autograd.grad(_attn_ref(q, k, v, case.params["causal"])[0], (q, k, v), i["dout"])
-        want, model = ex.expected(case), _tb_model(case)
-        for key, r in zip(("dq", "dk", "dv"), ref):
-            torch.testing.assert_close(want[key], r)
-            torch.testing.assert_close(model[key], r)
-        assert case.inputs["q"].shape[-2] % case.params["block"] != 0                   # ragged L on every case
-
-
-def test_tiled_backward_properties_every_case():
-    """8.3's dense backward, a dense backward by row strips, and (on the causal cases) every tile visited: right
-    gradients, no point."""
-    from attn_course.grading.exercises import get
-    from exercise_kit import results
-    from test_grading_learners import run_cell
-    from learner_cells import CELLS
-    dense = [c for c, hint in CELLS["08_tiled_backward"][2] if hint == "as large as the whole score matrix"][0]
-    for fn, fragment in [(run_cell(dense)["tiled_backward"], "as large as the whole score matrix"),
-                         (make_tiled_bwd(strip=True), "more than one tile's")]:
-        res = results("08_tiled_backward", fn)
-        assert not any(ok for ok, _ in res) and all(fragment in msg for _, msg in res), res
-    res = results("08_tiled_backward", make_tiled_bwd(skip=False))
-    causal = [c.params["causal"] for c in get("08_tiled_backward").cases(torch.Generator().manual_seed(0))]
-    assert [ok for ok, _ in res] == [not c for c in causal], res
-    assert all("skip the tiles above the diagonal" in msg for ok, msg in res if not ok), res
+        ref = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=case.params["causal"]),
+                                  (q, k, v), i["dout"])
+        want = ex.expected(case)
+        same = [torch.allclose(want[key], r) for key, r in zip(("dq", "dk", "dv"), ref)]
+        assert all(same) != case.params["perturbed"], case.name
+        L, bq, bk = i["q"].shape[-2], case.params["block_q"], case.params["block_k"]
+        assert L % bq and L % bk and bq != bk

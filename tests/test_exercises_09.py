@@ -9,6 +9,7 @@ import exercise_kit
 from exercise_kit import assert_all_pass
 
 assert_hint = partial(exercise_kit.assert_hint, every=False)
+INF = float("inf")
 
 
 # ---- 09_dilated_mask
@@ -167,150 +168,69 @@ def test_window_density_accepts_float32_arithmetic():
     assert_all_pass("09_window_density", f32)
 
 
-# ---- 09_window_tiles (build: the band's tiles only)
-INF = float("inf")
+# ---- 09_window_tiles (the band's tile list; the grader runs the band through the learner's step)
+
+def band_tiles_ok(L, window, block):
+    return [(q0, k0) for q0 in range(0, L, block)
+            for k0 in range(max(0, q0 - window + 1) // block * block, min(q0 + block, L), block)]
 
 
-def make_window(le=False, diag_mask=True, edge_mask=True, rescale=True, scale=True, safe=True, tiles="band"):
-    """The band-tile forward, with one of the mistakes switched on; ``tiles``: "band", "causal" (every tile up
-    to the diagonal, masked) or "all" (every tile, masked)."""
-    def window_attention(q, k, v, window, block):
-        L, d = q.shape[-2:]
-        out = torch.empty_like(q)
-        for q0 in range(0, L, block):
-            q1 = min(q0 + block, L)
-            qi = q[..., q0:q1, :] / (math.sqrt(d) if scale else 1.0)
-            m = torch.full((*qi.shape[:-1], 1), -INF, dtype=q.dtype)
-            l, acc = torch.zeros_like(m), torch.zeros_like(qi)
-            first = {"band": max(0, q0 - window + 1) // block * block, "causal": 0, "all": 0}[tiles]
-            for k0 in range(first, L if tiles == "all" else q1, block):
-                k1 = min(k0 + block, L)
-                s = qi @ k[..., k0:k1, :].transpose(-2, -1)
-                i, j = torch.arange(q0, q1)[:, None], torch.arange(k0, k1)[None, :]
-                hide = torch.zeros(s.shape[-2:], dtype=torch.bool)
-                if diag_mask or k0 < q0:
-                    hide |= j > i
-                if edge_mask:                                # edge_mask=False: the causal mask only
-                    hide |= (i - j > window) if le else (i - j >= window)
-                s = s.masked_fill(hide, -INF)
-                m_new = torch.maximum(m, s.amax(-1, keepdim=True))
-                m_sub = m_new.masked_fill(m_new == -INF, 0.0) if safe else m_new
-                p = torch.exp(s - m_sub)
-                alpha = torch.exp(m - m_sub)
-                l = alpha * l + p.sum(-1, keepdim=True)
-                acc = (alpha * acc if rescale else acc) + p @ v[..., k0:k1, :]
-                m = m_new
-            out[..., q0:q1, :] = acc / l
-        return out
-    return window_attention
-
-
-def window_strip(q, k, v, window, block):
-    """NOT the online softmax: per query block one exact softmax over its whole key strip [q0 − W + 1, q1)
-    (right values, less work than the band's tiles; review 08-14 M9-1, alt09.py)."""
-    L, d = q.shape[-2:]
-    out = torch.empty_like(q)
-    for q0 in range(0, L, block):
-        q1, lo = min(q0 + block, L), max(0, q0 - window + 1)
-        s = torch.einsum("bhid,bhjd->bhij", q[..., q0:q1, :], k[..., lo:q1, :]) * d ** -0.5
-        gap = torch.arange(q0, q1)[:, None] - torch.arange(lo, q1)[None, :]
-        s = torch.where((gap >= 0) & (gap < window), s, torch.tensor(-INF, dtype=s.dtype))
-        e = (s - s.amax(-1, keepdim=True)).exp()
-        out[..., q0:q1, :] = torch.einsum("bhij,bhjd->bhid", e, v[..., lo:q1, :]) / e.sum(-1, keepdim=True)
-    return out
-
-
-def window_online(q, k, v, window, block, *, aligned=False, pad=False, broadcast=False, tiles="band"):
-    """Online softmax over key tiles of ``block`` keys. Correct variants: tiles starting at q0 − W + 1 (not on
-    the grid, ``aligned=False``), inputs zero-padded to a multiple of block (``pad``), products written as
-    broadcast-multiply-and-sum (``broadcast``). ``tiles="causal"``: every tile up to the diagonal (a shortcut)."""
-    B, H, L, d = q.shape
-    Lp = -(-L // block) * block if pad else L
-    if pad:
-        q, k, v = (torch.cat([t, t.new_zeros(B, H, Lp - L, t.shape[-1])], -2) for t in (q, k, v))
-    if broadcast:
-        qk = lambda a, b: (a[..., :, None, :] * b[..., None, :, :]).sum(-1)      # noqa: E731
-        pv = lambda p, b: (p[..., :, :, None] * b[..., None, :, :]).sum(-2)     # noqa: E731
-    else:
-        qk, pv = (lambda a, b: a @ b.transpose(-2, -1)), (lambda p, b: p @ b)   # noqa: E731
-    out = torch.empty_like(q)
-    for q0 in range(0, Lp, block):
-        q1 = min(q0 + block, Lp)
-        qi = q[..., q0:q1, :] / math.sqrt(d)
-        m = torch.full((*qi.shape[:-1], 1), -INF, dtype=q.dtype)
-        l, acc = torch.zeros_like(m), torch.zeros_like(qi)
-        lo = max(0, q0 - window + 1)
-        first = 0 if tiles == "causal" else lo // block * block if aligned else lo
-        for k0 in range(first, q1, block):
-            k1 = min(k0 + block, q1)
-            s = qk(qi, k[..., k0:k1, :])
-            i, j = torch.arange(q0, q1)[:, None], torch.arange(k0, k1)[None, :]
-            s = s.masked_fill((j > i) | (i - j >= window), -INF)
-            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
-            m_sub = torch.where(m_new == -INF, 0.0, m_new)
-            p, alpha = torch.exp(s - m_sub), torch.exp(m - m_sub)
-            l = alpha * l + p.sum(-1, keepdim=True)
-            acc = alpha * acc + pv(p, v[..., k0:k1, :])
-            m = m_new
-        out[..., q0:q1, :] = acc / l
-    return out[..., :L, :]
-
-
-def window_dense(q, k, v, window, block):
-    """Right values, not tiled: the whole L × L score matrix."""
-    L = q.shape[-2]
-    i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
-    s = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill((j > i) | (i - j >= window), -INF)
-    e = torch.exp(s - s.amax(-1, keepdim=True))
-    return e @ v / e.sum(-1, keepdim=True)
+def make_update(le=False, causal=True, window=True, rescale=True, scale=True):
+    def band_update(m, l, acc, q_i, k_j, v_j, q0, k0, W):
+        s = q_i @ k_j.transpose(-2, -1) / (math.sqrt(q_i.shape[-1]) if scale else 1.0)
+        i, j = torch.arange(q0, q0 + q_i.shape[-2])[:, None], torch.arange(k0, k0 + k_j.shape[-2])[None, :]
+        hide = (j > i) if causal else torch.zeros_like(j > i)
+        if window:
+            hide = hide | ((i - j > W) if le else (i - j >= W))
+        s = s.masked_fill(hide, -math.inf)
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        m_sub = torch.where(m_new == -math.inf, 0.0, m_new)
+        p, a = torch.exp(s - m_sub), torch.exp(m - m_sub)
+        return m_new, a * l + p.sum(-1, keepdim=True), (a * acc if rescale else acc) + p @ v_j
+    return band_update
 
 
 def test_window_tiles():
-    assert_all_pass("09_window_tiles", make_window())
-    for kw in (dict(), dict(aligned=True, pad=True), dict(broadcast=True), dict(aligned=True, broadcast=True)):
-        assert_all_pass("09_window_tiles", partial(window_online, **kw))
-    exercise_kit.assert_hint("09_window_tiles", make_window(le=True), "W + 1 keys")
-    exercise_kit.assert_hint("09_window_tiles", make_window(diag_mask=False), "diagonal tiles need the causal mask")
-    exercise_kit.assert_hint("09_window_tiles", make_window(edge_mask=False), "window mask is missing")
-    exercise_kit.assert_hint("09_window_tiles", make_window(rescale=False), "accumulator is not rescaled")
-    exercise_kit.assert_hint("09_window_tiles", make_window(scale=False), "not scaled")
-    exercise_kit.assert_hint("09_window_tiles", make_window(safe=False), "NaN")
+    assert_all_pass("09_window_tiles", (band_tiles_ok, make_update()))
+    for kw, hint in [(dict(le=True), "off by one"), (dict(causal=False), "need the causal mask too"),
+                     (dict(window=False), "the window mask is missing"), (dict(rescale=False), "not rescaled"),
+                     (dict(scale=False), "not scaled")]:
+        assert_hint("09_window_tiles", (band_tiles_ok, make_update(**kw)), hint)
+    every = lambda L, W, b: [(q0, k0) for q0 in range(0, L, b) for k0 in range(0, min(q0 + b, L), b)]  # noqa: E731
+    assert_hint("09_window_tiles", (every, make_update()), "holds no key any query of its block may see")
+    twice = lambda L, W, b: band_tiles_ok(L, W, b) * 2  # noqa: E731
+    assert_hint("09_window_tiles", (twice, make_update()), "listed twice")
 
 
-def test_window_tiles_property_every_case():
-    """Right values from every causal tile or every tile, or from the whole score matrix: 0 points."""
-    from exercise_kit import results
-    for fn, fragment in [(make_window(tiles="all"), "you visited about"), (make_window(tiles="causal"), "you visited about"),
-                         (window_dense, "as large as the whole score matrix")]:
-        for seed in (0, 1, 2):
-            res = results("09_window_tiles", fn, seed)
-            assert not any(ok for ok, _ in res) and all(fragment in msg for _, msg in res), res
-    res = results("09_window_tiles", make_window(tiles="all"))
-    assert all("the band has" in msg for _, msg in res), res
-
-
-def test_window_tiles_shortcuts_of_the_review_every_case():
-    """Review 08-14 M9-1 (alt09.py): every causal tile written as broadcast-multiply-and-sum (the work counter
-    sees it), and one exact softmax per query block over its whole key strip (not the online softmax: more
-    scores at once than one tile): 0 points on every case."""
-    from exercise_kit import results
-    for fn, fragment in [(partial(window_online, broadcast=True, tiles="causal"), "you visited about"),
-                         (window_strip, "not the online softmax")]:
-        for seed in (0, 1, 2):
-            res = results("09_window_tiles", fn, seed)
-            assert not any(ok for ok, _ in res) and all(fragment in msg for _, msg in res), res
+def test_window_tiles_scores_the_parts_separately():
+    """A right tile list with a wrong step, and the reverse, each get half the points: the two parts are graded
+    on their own cases."""
+    ex = exercise_kit.get("09_window_tiles")
+    for obj in [(band_tiles_ok, make_update(le=True)), (lambda L, W, b: [], make_update())]:
+        res = exercise_kit.results("09_window_tiles", obj)
+        assert sum(ok for ok, _ in res) == 3 and ex.score(3, 6) == 1.5, res
 
 
 def test_window_tiles_counts_the_band_of_the_package():
     """The judge's band is the tiles flash_attention(window=) visits: two matmuls per tile."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
     from attn_course import flash_attention
     from attn_course.grading.exercises.lesson09 import _band
-    from attn_course.grading.guard import Work
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += func.overloadpacket.__name__ in ("bmm", "baddbmm", "baddbmm_", "mm")
+            return func(*args, **(kwargs or {}))
+
     for L, W, block in [(50, 7, 4), (33, 3, 6), (64, 20, 8)]:
         q = torch.randn(1, 1, L, 4, dtype=torch.float64)
-        with Work() as work:
+        Count.n = 0
+        with Count():
             flash_attention(q, q, q, is_causal=True, window=W, block_q=block, block_k=block)
-        assert work.calls == 2 * len(list(_band(L, W, block)))
+        assert Count.n == 2 * len(list(_band(L, W, block)))
 
 
 # ---- 09_rolling_decode (build: a cache bounded by W)

@@ -89,3 +89,47 @@ def test_the_bulk_grader_gives_hard_coded_answers_nothing(tmp_path):
             e = r["exercises"][ex_id]
             want = e["max_points"] if r["student_id"].startswith("correct") else 0
             assert e["points"] == want, (r["student_id"], ex_id, e)
+
+
+# the review's shortcuts for the step-driven builds (2026-11-28 review 08-13: H8-1, M8-2, H9-1, M10-1): each
+# learner cell's index in CELLS[id][2]
+SHORTCUTS = {"08_tiled_forward": 2, "08_backward_from_lse": 1, "08_tiled_backward": 5, "09_window_tiles": 7,
+             "10_chunked_scan": 7}
+
+
+def test_the_bulk_grader_agrees_with_check_on_the_step_driven_shortcuts(tmp_path, capsys):
+    """One batch, drawn with the self-check's seed: the review's shortcuts for 8.2, 8.3, 8.6, 9.7 and 10.6 get
+    the points check() gives them — below full marks — and the correct variants (8.6 zero-padded, 10.6 the
+    token recurrence) full marks in both."""
+    from attn_course.grading.selfcheck import SELF_CHECK_SEED
+    from learner_cells import ALSO_CORRECT
+    from test_grading_learners import check_cell
+    cells = {"shortcut": {i: CELLS[i][2][n][0] for i, n in SHORTCUTS.items()},
+             "variant": {"08_tiled_backward": ALSO_CORRECT["08_tiled_backward"][0],
+                         "10_chunked_scan": ALSO_CORRECT["10_chunked_scan"][2]}}
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    want = {}
+    for which, sources in cells.items():
+        for stem in ("08_flash_attention_tiling", "09_sparse_and_sliding_window_attention",
+                     "10_linear_and_additive_attention"):
+            nb = nbformat.read(ROOT / "exercises" / f"{stem}.ipynb", as_version=4)
+            mine = {}
+            for cell in nb.cells:
+                gid = nbk.grade_id(cell)
+                if gid in sources:
+                    cell.source = mine[gid] = sources[gid]
+            if mine:
+                nbformat.write(nb, str(subs / f"{which}_{stem[:2]}.ipynb"))
+                want[f"{which}_{stem[:2]}"] = {i: check_cell(i, s).score for i, s in mine.items()}
+    capsys.readouterr()
+    reports = grade_batch([subs], tmp_path / "out", Options(timeout=120, jobs=2, seed=SELF_CHECK_SEED), root=ROOT,
+                          progress=False, check_settings=False)
+    assert sorted(r["student_id"] for r in reports) == sorted(want)
+    for r in reports:
+        assert r["error"] is None, r["error"]
+        for ex_id, score in want[r["student_id"]].items():
+            e = r["exercises"][ex_id]
+            assert e["points"] == score, (r["student_id"], ex_id, e)
+            full = r["student_id"].startswith("variant")
+            assert (score == e["max_points"]) if full else (score < e["max_points"]), (r["student_id"], ex_id, e)

@@ -1,9 +1,14 @@
 """Exercise set 08 — FlashAttention: online softmax, tiled forward, backward from the logsumexp, tiled backward, costs
 (solutions/08_flash_attention_tiling.ipynb).
 
-References are computed here in float64 from the definitions (softmax over the full score matrix,
-autograd of the explicit formula, closed-form counts), independently of the learner and of
-``attn_course.flash``. Hints are detected by computing what the common mistakes produce on the same inputs.
+References are computed here in float64 from the definitions (softmax over the full score matrix, the
+backward's formula, closed-form counts), independently of the learner and of ``attn_course.flash``. Hints are
+detected by computing what the common mistakes produce on the same inputs.
+
+The tiled builds are step-driven (docs/DESIGN.md §4): the grader runs the tile loops (every tile a causal kernel
+visits, in a shuffled order) and calls the learner's step with one tile — a step sees no more than one tile, so
+no whole-sequence shortcut exists to take. The forward starts from a prior state (keys seen elsewhere) and the
+backwards get a shifted lse and another out/D on some cases, so only a step that uses what it is given passes.
 """
 from __future__ import annotations
 
@@ -23,6 +28,10 @@ FORBID_SOFTMAX = ("torch.softmax", "torch.nn.functional.softmax", "torch.special
                   "torch.logsumexp", "torch.special.logsumexp", "torch.Tensor.softmax", "torch.Tensor.log_softmax",
                   "torch.Tensor.logsumexp", "torch.nn.Softmax", "torch.nn.LogSoftmax",
                   "torch.nn.functional.softmin", "torch.nn.Softmin")
+# PyTorch's fused CPU flash kernels (review H8-1): refused while the learner's step runs, until the sandbox's
+# dispatcher rule (docs/DESIGN.md §4) refuses every fused attention op in every exercise
+FORBID_FUSED = ("torch.ops.aten._scaled_dot_product_flash_attention_for_cpu",
+                "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward")
 
 
 def _same(got: torch.Tensor, cand: torch.Tensor) -> bool:
@@ -117,7 +126,7 @@ def _step_judge(got, want, case):
                               "α = exp(m − m_new), l_new = α·l + rowsum(P̃), acc_new = α·acc + P̃ v.")
 
 
-# ---- 08_tiled_forward ---------------------------------------------------------------------------------
+# ---- 08_tiled_forward: the grader drives the tiles, the learner writes one tile's step ------------------
 
 def _attn_ref(q, k, v, causal, *, scale=True):
     q, k, v = q.to(_F64), k.to(_F64), v.to(_F64)
@@ -129,74 +138,167 @@ def _attn_ref(q, k, v, causal, *, scale=True):
     return torch.exp(s - lse[..., None]) @ v, lse, s
 
 
+def tile_grid(L, block_q, block_k, causal, order_seed):
+    """[(q0, q1, k0, k1)] of every tile a causal-skipping kernel visits (those with some key k0 <= the block's
+    last query), in a shuffled order (:func:`shuffled`)."""
+    return shuffled([(q0, min(q0 + block_q, L), k0, min(k0 + block_k, L)) for q0 in range(0, L, block_q)
+                     for k0 in range(0, min(q0 + block_q, L) if causal else L, block_k)], order_seed)
+
+
+def shuffled(tiles, seed):
+    """``tiles`` in an order drawn from ``seed``: a step must not depend on the order of the tiles."""
+    return [tiles[t] for t in torch.randperm(len(tiles), generator=torch.Generator().manual_seed(seed)).tolist()]
+
+
+def _visible(q0, q1, k0, k1, causal):
+    """(q1 − q0, k1 − k0) bool, True where query i may see key j."""
+    i, j = torch.arange(q0, q1)[:, None], torch.arange(k0, k1)[None, :]
+    return (j <= i) if causal else torch.ones(q1 - q0, k1 - k0, dtype=torch.bool)
+
+
+def fold_tiles(case, tiles, call):
+    """The grader's forward loop over ``tiles`` [(q0, q1, k0, k1)]: each query block starts from the case's prior
+    state (``m0``, ``l0``, ``acc0``: nothing seen, or keys seen elsewhere) and ``call(m, l, acc, q0, q1, k0, k1)``
+    (the learner's step on that tile) returns the new state; then out = acc / l, lse = m + log l."""
+    i = case.inputs
+    out, lse = torch.empty_like(i["q"][..., :1].expand_as(i["v"])), torch.empty(i["q"].shape[:-1], dtype=i["q"].dtype)
+    state = {}
+    for q0, q1, k0, k1 in tiles:
+        m, l, acc = state.get(q0) or (i[n][..., q0:q1, :].clone() for n in ("m0", "l0", "acc0"))
+        state[q0] = call(m, l, acc, q0, q1, k0, k1)
+    for q0, (m, l, acc) in state.items():
+        out[..., q0:q0 + m.shape[-2], :] = acc / l
+        lse[..., q0:q0 + m.shape[-2]] = (m + torch.log(l)).squeeze(-1)
+    return {"out": out, "lse": lse}
+
+
+def _fwd_drive(step, case):
+    i, p = case.inputs, case.params
+    return fold_tiles(case, tile_grid(i["q"].shape[-2], p["block_q"], p["block_k"], p["causal"], p["order"]),
+                      lambda m, l, acc, q0, q1, k0, k1: step(
+                          m, l, acc, i["q"][..., q0:q1, :].clone(), i["k"][..., k0:k1, :].clone(),
+                          i["v"][..., k0:k1, :].clone(), _visible(q0, q1, k0, k1, p["causal"])))
+
+
+def _fwd_step(m, l, acc, q_i, k_j, v_j, visible, *, scale=True, mask=True, **kw):
+    """The reference tile step (and its mistakes): S = q_i k_jᵀ/√d, −∞ where hidden, then 8.1's update."""
+    s = q_i @ k_j.transpose(-2, -1) / (math.sqrt(q_i.shape[-1]) if scale else 1.0)
+    return _step_ref(m, l, acc, s.masked_fill(~visible, -_INF) if mask else s, v_j, **kw)
+
+
+def prior_state(gen, B, H, L, dv):
+    """m0, l0 (B, H, L, 1), acc0 (B, H, L, dv): for about half the rows a state of keys seen elsewhere, for the
+    others the empty state (−∞, 0, 0)."""
+    seen = torch.rand(B, H, L, 1, generator=gen) < 0.5
+    m0 = torch.where(seen, torch.randn(B, H, L, 1, generator=gen, dtype=_F64), -_INF)
+    l0 = torch.where(seen, torch.rand(B, H, L, 1, generator=gen, dtype=_F64) * 3 + 0.5, 0.0)
+    return {"m0": m0, "l0": l0, "acc0": torch.randn(B, H, L, dv, generator=gen, dtype=_F64) * l0}
+
+
 def _tiled_cases(gen):
-    # sizes chosen so that every tensor a tiled solution needs — the inputs' copies and the output
-    # (B·H·L·d), a tile of scores (B·H·block²), even a query-block × all-keys strip (B·H·block·L) — is
-    # smaller than one L × L score matrix, which the tiling guard (max_numel_fn) therefore rejects
     out = []
-    for B, H, L, d, block, causal in [(1, 2, 24, 4, 6, False), (2, 1, 21, 4, 5, True), (1, 3, 20, 2, 4, True),
-                                      (1, 1, 17, 3, 12, False)]:
-        out.append(Case(f"B={B}, H={H}, L={L}, d={d}, block={block}, causal={causal}",
-                        {n: torch.randn(B, H, L, d, generator=gen, dtype=_F64) for n in "qkv"},
-                        {"causal": causal, "block": block}))
+    for B, H, L, d, bq, bk, causal in [(1, 2, 23, 4, 6, 4, False), (2, 1, 21, 3, 5, 3, True),
+                                       (1, 3, 20, 2, 3, 7, True), (1, 1, 17, 3, 8, 5, True)]:
+        qkv = {n: torch.randn(B, H, L, d, generator=gen, dtype=_F64) for n in "qkv"}
+        out.append(Case(f"B={B}, H={H}, L={L}, d={d}, block_q={bq}, block_k={bk}, causal={causal}",
+                        {**qkv, **prior_state(gen, B, H, L, d)},
+                        {"causal": causal, "block_q": bq, "block_k": bk, "order": randint(gen, 0, 2**31)}))
     return out
 
 
-def _tiled_answer(fn, case):
-    i, p = case.inputs, case.params
-    out, lse = fn(i["q"], i["k"], i["v"], p["causal"], p["block"])
+def attention_after_prior(case, visible, *, scale=True):
+    """Dense, from the definition: softmax over the row's visible keys and one more 'key' standing for the
+    prior state, score m0 + log l0 and value acc0 / l0. Returns {"out", "lse"}."""
+    i = case.inputs
+    s = (i["q"] @ i["k"].transpose(-2, -1) / (math.sqrt(i["q"].shape[-1]) if scale else 1.0)).masked_fill(~visible, -_INF)
+    prior = i["m0"] + torch.log(i["l0"])                                      # −∞ where nothing was seen
+    lse = torch.logsumexp(torch.cat([s, prior], -1), -1)
+    out = torch.exp(s - lse[..., None]) @ i["v"] + torch.exp(prior - lse[..., None]) * torch.nan_to_num(i["acc0"] / i["l0"])
     return {"out": out, "lse": lse}
 
 
 def _tiled_expected(case):
-    i = case.inputs
-    out, lse, _ = _attn_ref(i["q"], i["k"], i["v"], case.params["causal"])
-    return {"out": out, "lse": lse}
+    L = case.inputs["q"].shape[-2]
+    return attention_after_prior(case, _visible(0, L, 0, L, case.params["causal"]))
 
 
 def _tiled_judge(got, want, case):
-    ok_out, ok_lse = close(got["out"], want["out"]), close(got["lse"], want["lse"])
-    if ok_out and ok_lse:
+    if close(got["out"], want["out"]) and close(got["lse"], want["lse"]):
         return Verdict(True)
-    i, c = case.inputs, case.params["causal"]
-    if ok_out:
-        _, lse, s = _attn_ref(i["q"], i["k"], i["v"], c)
-        m = s.amax(-1)
-        if _same(got["lse"], lse - m):
-            return Verdict(False, "the logsumexp must add the running max back: L = m + log ℓ (log ℓ alone "
-                                  "is relative to m).")
-        return Verdict(False, "the output is right but the logsumexp is not: return L = m + log ℓ per query row.")
-    if c:
-        strict = _attn_ref(i["q"], i["k"], i["v"], False)[2].masked_fill(
-            torch.ones(i["q"].shape[-2], i["k"].shape[-2], dtype=torch.bool).triu(0), -_INF)
-        w = torch.exp(strict - strict.amax(-1, keepdim=True))
-        hidden = (w / w.sum(-1, keepdim=True)) @ i["v"].to(_F64)          # row 0: NaN (it sees no key)
-        g = got["out"].double()
-        if bool(torch.allclose(torch.where(torch.isnan(hidden), g.nan_to_num(0.0), hidden), g.nan_to_num(0.0),
-                               atol=1e-4, rtol=1e-3)):
-            return Verdict(False, "the diagonal is hidden: query i may see key j ≤ i, itself included (mask j > i, "
-                                  "not j ≥ i) — with the diagonal hidden, query 0 sees no key at all.")
     if _has_nan(got):
         return Verdict(False, _NAN_HINT)
-    nocausal = _attn_ref(i["q"], i["k"], i["v"], False)[0]
-    cands = [("the scores are not scaled: multiply Q Kᵀ by 1/√d.", {"out": _attn_ref(i["q"], i["k"], i["v"], c, scale=False)[0]})]
-    if c:
-        cands.append(("the causal mask is missing: query i may only see keys j ≤ i (and tiles past the "
-                      "diagonal are skipped).", {"out": nocausal}))
-    return _first(got, cands, "the output differs from softmax(QKᵀ/√d)V: check the rescale of acc and l by "
-                              "α = exp(m − m_new) at every tile, and the division by ℓ at the end.")
+    drive = lambda **kw: _fwd_drive(lambda *a: _fwd_step(*a, **kw), case)  # noqa: E731
+    cands = [(_RESCALE_HINT, drive(rescale_acc=False)), (_RESCALE_HINT, drive(rescale_acc=False, rescale_l=False)),
+             ("the denominator l is not rescaled: l_new = exp(m − m_new) · l + rowsum(P̃).", drive(rescale_l=False)),
+             ("the scores are not scaled: multiply q_i k_jᵀ by 1/√d.", drive(scale=False))]
+    if case.params["causal"]:
+        cands.append(("`visible` is ignored: put −∞ in the scores where it is False (key j in the future of "
+                      "query i), before the max and the exponentials.", drive(mask=False)))
+    return _first(got, cands, "the step must fold the tile into the state it is given (it may already hold keys "
+                              "from elsewhere): m_new = max(m, rowmax(S)), α = exp(m − m_new), "
+                              "l_new = α·l + rowsum(P̃), acc_new = α·acc + P̃ v_j.")
 
 
-# ---- 08_backward_from_lse -----------------------------------------------------------------------------
+# ---- 08_backward_from_lse (dense) and 08_tiled_backward (the grader drives the tiles) --------------------
+
+def _bwd_tile(q_i, k_j, v_j, do_i, lse_i, D_i, visible, *, p="lse", use_D=True, scale_ds=True, mask=True):
+    """The backward's contributions of one tile (the whole matrix is one tile too), and its mistakes: ``p``
+    "lse" (P = exp(S − L)), "tile" (normalised by the tile's own row sums) or "exp"; ``use_D``; ``scale_ds``;
+    ``mask``. Returns (dq_i, dk_j, dv_j)."""
+    scale = 1 / math.sqrt(q_i.shape[-1])
+    s = q_i @ k_j.transpose(-2, -1) * scale
+    s = s.masked_fill(~visible, -_INF) if mask else s
+    if p == "lse":
+        P = torch.exp(s - lse_i[..., None])
+    elif p == "tile":
+        e = torch.exp(s - s.amax(-1, keepdim=True).clamp(min=-1e300))
+        P = e / e.sum(-1, keepdim=True)
+    else:
+        P = torch.exp(s)
+    dS = P * (do_i @ v_j.transpose(-2, -1) - (D_i[..., None] if use_D else 0.0)) * (scale if scale_ds else 1.0)
+    return dS @ k_j, dS.transpose(-2, -1) @ q_i, P.transpose(-2, -1) @ do_i
+
+
+def _grads(case, **kw):
+    """The dense formula with the case's lse and D (D = rowsum(dout ∘ out) where the case gives ``out``)."""
+    i = case.inputs
+    L = i["q"].shape[-2]
+    D = i["D"] if "D" in i else (i["dout"] * i["out"]).sum(-1)
+    dq, dk, dv = _bwd_tile(i["q"], i["k"], i["v"], i["dout"], i["lse"], D, _visible(0, L, 0, L, case.params["causal"]),
+                           **kw)
+    return {"dq": dq, "dk": dk, "dv": dv}
+
+
+def _true_grads(case):
+    """Autograd of the explicit forward: what a backward that ignores the given lse (and out) returns."""
+    i = case.inputs
+    q, k, v = (i[n].clone().requires_grad_() for n in "qkv")
+    out, _, _ = _attn_ref(q, k, v, case.params["causal"])
+    return dict(zip(("dq", "dk", "dv"), torch.autograd.grad(out, (q, k, v), i["dout"])))
+
+
+_IGNORED = ("right gradients of attention, but not from the lse (and out/D) this case gives you: the grader passes "
+            "a shifted lse and another out/D here and expects P = exp(S − lse) and D as given — recompute P from "
+            "them, not by a forward pass (or autograd) of your own.")
+
+
+def _perturb(gen, lse, shape):
+    """A shifted lse, and a per-row offset: the 'perturbed but consistent' inputs of a case."""
+    return lse + torch.rand(lse.shape, generator=gen, dtype=_F64) * 2 - 1, torch.randn(shape, generator=gen, dtype=_F64)
+
 
 def _bwd_cases(gen):
     out = []
-    for B, H, L, d, causal in [(1, 2, 6, 4, False), (2, 1, 9, 3, True), (1, 1, 5, 8, True)]:
-        q, k, v = (torch.randn(B, H, L, d, generator=gen, dtype=_F64) for _ in range(3))
+    for B, H, L, d, causal, perturbed in [(1, 2, 6, 4, False, False), (2, 1, 9, 3, True, False),
+                                          (1, 1, 5, 8, True, True), (1, 2, 7, 3, False, True)]:
+        q, k, v, dout = (torch.randn(B, H, L, d, generator=gen, dtype=_F64) for _ in range(4))
         o, lse, _ = _attn_ref(q, k, v, causal)
-        out.append(Case(f"B={B}, H={H}, L={L}, d={d}, causal={causal}",
-                        {"q": q, "k": k, "v": v, "out": o, "lse": lse,
-                         "dout": torch.randn(B, H, L, d, generator=gen, dtype=_F64)}, {"causal": causal}))
+        if perturbed:
+            lse, noise = _perturb(gen, lse, o.shape)
+            o = o + noise
+        out.append(Case(f"B={B}, H={H}, L={L}, d={d}, causal={causal}" + (", lse and out changed" if perturbed else ""),
+                        {"q": q, "k": k, "v": v, "out": o, "lse": lse, "dout": dout},
+                        {"causal": causal, "perturbed": perturbed}))
     return out
 
 
@@ -206,43 +308,21 @@ def _bwd_answer(fn, case):
     return {"dq": dq, "dk": dk, "dv": dv}
 
 
-def _bwd_formula(case, *, use_lse=True, use_D=True, scale_grads=True):
-    i, c = case.inputs, case.params["causal"]
-    q, k, v, o, dO = (i[n] for n in ("q", "k", "v", "out", "dout"))
-    scale = 1 / math.sqrt(q.shape[-1])
-    s = q @ k.transpose(-2, -1) * scale
-    if c:
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -_INF)
-    P = torch.exp(s - i["lse"][..., None]) if use_lse else torch.exp(s)
-    dv = P.transpose(-2, -1) @ dO
-    dP = dO @ v.transpose(-2, -1)
-    D = (dO * o).sum(-1, keepdim=True) if use_D else 0.0
-    dS = P * (dP - D)
-    g = scale if scale_grads else 1.0
-    return {"dq": dS @ k * g, "dk": dS.transpose(-2, -1) @ q * g, "dv": dv}
-
-
-def _bwd_expected(case):
-    i = case.inputs
-    q, k, v = (i[n].clone().requires_grad_() for n in "qkv")
-    out, _, _ = _attn_ref(q, k, v, case.params["causal"])                        # autograd of the explicit formula
-    dq, dk, dv = torch.autograd.grad(out, (q, k, v), i["dout"])
-    return {"dq": dq, "dk": dk, "dv": dv}
-
-
 def _bwd_judge(got, want, case):
     ok = {key: close(got[key], want[key]) for key in want}
     if all(ok.values()):
         return Verdict(True)
+    if case.params["perturbed"] and all(_same(got[key], t) for key, t in _true_grads(case).items()):
+        return Verdict(False, _IGNORED)
     for hint, kw in [
         ("P must be recomputed as exp(S − L) with the saved logsumexp L; exp(S) alone is not normalised.",
-         dict(use_lse=False)),
+         dict(p="exp")),
         ("dS = P ∘ (dP − D) with D = rowsum(dO ∘ O): you left out D (the softmax Jacobian's second term).",
          dict(use_D=False)),
         ("dQ and dK need the scale too: S = Q Kᵀ · scale, so dQ = dS K · scale and dK = dSᵀ Q · scale.",
-         dict(scale_grads=False)),
+         dict(scale_ds=False)),
     ]:
-        cand = _bwd_formula(case, **kw)
+        cand = _grads(case, **kw)
         if all(_same(got[key], cand[key]) for key in ("dq", "dk", "dv") if not ok[key]):
             return Verdict(False, hint)
     if ok["dv"]:
@@ -250,129 +330,69 @@ def _bwd_judge(got, want, case):
     return Verdict(False, "recompute S = Q Kᵀ·scale (masked), P = exp(S − L), then dV = Pᵀ dO.")
 
 
-# ---- 08_tiled_backward: FlashAttention's tiled, recomputing backward ------------------------------------
-
-def _tb_tiles(L, block, causal):
-    """(q0, q1, k0, k1) of every tile a causal-skipping kernel visits: all of them, or those on or below the
-    diagonal (some key k0 <= the block's last query)."""
-    for k0 in range(0, L, block):
-        for q0 in range(0, L, block):
-            if not causal or k0 <= min(q0 + block, L) - 1:
-                yield q0, min(q0 + block, L), k0, min(k0 + block, L)
-
-
-def _tb_limits(case):
-    """(work allowed in FLOPs, the largest product allowed). Work: 7 tile products per visited tile (S, dP,
-    P̃ᵀdO, dS K, dSᵀQ, and S, dP again for a second pass over the tiles) + D = rowsum(dO ∘ O) twice over.
-    Largest: one tile's products, B·H·block·max(block, d), or one value per row (B·H·L, D)."""
-    B, H, L, d = case.inputs["q"].shape
-    block, causal = case.params["block"], case.params["causal"]
-    pairs = sum((q1 - q0) * (k1 - k0) for q0, q1, k0, k1 in _tb_tiles(L, block, causal))
-    return 2 * B * H * d * (7 * pairs + 2 * L), B * H * max(block * max(block, d), L)
-
-
 def _tb_cases(gen):
     def make(g):
         B, H = choice(g, ((1, 1), (1, 2), (2, 1)))
-        d, block = randint(g, 2, 4), randint(g, 3, 6)
-        L = randint(g, max(3 * block + 1, 2 * B * H * d + 1, 13), 40)
-        return (B, H, L, d, block), B * H * d * 2 < L and L % block != 0     # ragged; tiled tensors < L·L
+        d, bq, bk = randint(g, 2, 4), randint(g, 3, 6), randint(g, 3, 6)
+        L = randint(g, 3 * max(bq, bk) + 1, 40)
+        return (B, H, L, d, bq, bk), L % bq != 0 and L % bk != 0 and bq != bk       # ragged, unequal blocks
     out = []
-    for causal in (False, True, True):
-        (B, H, L, d, block), _ = draw(gen, make, lambda x: x[1])
-        q, k, v = (torch.randn(B, H, L, d, generator=gen, dtype=_F64) for _ in range(3))
+    for causal, perturbed in ((False, False), (True, False), (True, True)):
+        (B, H, L, d, bq, bk), _ = draw(gen, make, lambda x: x[1])
+        q, k, v, dout = (torch.randn(B, H, L, d, generator=gen, dtype=_F64) for _ in range(4))
         o, lse, _ = _attn_ref(q, k, v, causal)
-        out.append(Case(f"B={B}, H={H}, L={L}, d={d}, block={block}, causal={causal}",
-                        {"q": q, "k": k, "v": v, "out": o, "lse": lse,
-                         "dout": torch.randn(B, H, L, d, generator=gen, dtype=_F64)},
-                        {"causal": causal, "block": block}))
+        D = (dout * o).sum(-1)
+        if perturbed:
+            lse, shift = _perturb(gen, lse, D.shape)
+            D = D + shift
+        out.append(Case(f"B={B}, H={H}, L={L}, d={d}, block_q={bq}, block_k={bk}, causal={causal}"
+                        + (", lse and D changed" if perturbed else ""),
+                        {"q": q, "k": k, "v": v, "lse": lse, "D": D, "dout": dout},
+                        {"causal": causal, "perturbed": perturbed, "block_q": bq, "block_k": bk,
+                         "order": randint(gen, 0, 2**31)}))
     return out
 
 
-def _tb_answer(fn, case):
-    from ..guard import Work
+def _tb_drive(step, case):
+    """The grader's loop: every tile a causal-skipping kernel visits, in a shuffled order; ``step`` returns the
+    tile's contributions, which the grader adds into dQ_i, dK_j, dV_j."""
     i, p = case.inputs, case.params
-    with Work() as work:
-        dq, dk, dv = fn(i["q"], i["k"], i["v"], i["out"], i["lse"], i["dout"], p["causal"], p["block"])
-    return {"dq": dq, "dk": dk, "dv": dv, "flops": torch.tensor(work.flops, dtype=torch.int64),
-            "largest": torch.tensor(work.largest, dtype=torch.int64)}
-
-
-def _tb_expected(case):
-    """Autograd of SDPA, float64 — independent of the tiles."""
-    import torch.nn.functional as F
-    i = case.inputs
-    q, k, v = (i[n].clone().requires_grad_() for n in "qkv")
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=case.params["causal"])
-    dq, dk, dv = torch.autograd.grad(out, (q, k, v), i["dout"])
-    flops, largest = _tb_limits(case)
-    return {"dq": dq, "dk": dk, "dv": dv, "flops": torch.tensor(flops, dtype=torch.int64),
-            "largest": torch.tensor(largest, dtype=torch.int64)}
-
-
-def _tb_model(case, *, p="lse", use_D=True, scale_ds=True):
-    """The tiled backward in float64 with one mistake: ``p`` "lse" (P = exp(S − L)), "tile" (each tile's P
-    normalised by the tile's own row sums) or "exp" (exp(S), not normalised); ``use_D``; ``scale_ds``."""
-    i, block, causal = case.inputs, case.params["block"], case.params["causal"]
-    q, k, v, o, lse, dO = (i[n] for n in ("q", "k", "v", "out", "lse", "dout"))
-    L, d = q.shape[-2:]
-    scale = 1 / math.sqrt(d)
-    D = (dO * o).sum(-1, keepdim=True) if use_D else torch.zeros_like(o[..., :1])
+    q, k, v, dout, lse, D = (i[n] for n in ("q", "k", "v", "dout", "lse", "D"))
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for q0, q1, k0, k1 in _tb_tiles(L, block, causal):
-        s = q[..., q0:q1, :] @ k[..., k0:k1, :].transpose(-2, -1) * scale
-        if causal:
-            s = s.masked_fill(torch.arange(k0, k1)[None, :] > torch.arange(q0, q1)[:, None], -_INF)
-        if p == "lse":
-            P = torch.exp(s - lse[..., q0:q1, None])
-        elif p == "tile":
-            e = torch.exp(s - s.amax(-1, keepdim=True).clamp(min=-1e300))
-            P = e / e.sum(-1, keepdim=True)
-        else:
-            P = torch.exp(s)
-        dv[..., k0:k1, :] += P.transpose(-2, -1) @ dO[..., q0:q1, :]
-        dS = P * (dO[..., q0:q1, :] @ v[..., k0:k1, :].transpose(-2, -1) - D[..., q0:q1, :])
-        g = scale if scale_ds else 1.0
-        dq[..., q0:q1, :] += dS @ k[..., k0:k1, :] * g
-        dk[..., k0:k1, :] += dS.transpose(-2, -1) @ q[..., q0:q1, :] * g
+    for q0, q1, k0, k1 in tile_grid(q.shape[-2], p["block_q"], p["block_k"], p["causal"], p["order"]):
+        a, b, c = step(q[..., q0:q1, :].clone(), k[..., k0:k1, :].clone(), v[..., k0:k1, :].clone(),
+                       dout[..., q0:q1, :].clone(), lse[..., q0:q1].clone(), D[..., q0:q1].clone(),
+                       _visible(q0, q1, k0, k1, p["causal"]))
+        dq[..., q0:q1, :] += a
+        dk[..., k0:k1, :] += b
+        dv[..., k0:k1, :] += c
     return {"dq": dq, "dk": dk, "dv": dv}
 
 
 def _tb_judge(got, want, case):
     ok = {key: close(got[key], want[key]) for key in ("dq", "dk", "dv")}
     if all(ok.values()):
-        flops, largest = int(got["flops"]), int(got["largest"])
-        allowed, cap = int(want["flops"]), int(want["largest"])
-        if largest > cap:
-            return Verdict(False, f"right gradients, but your code formed {largest} products at once (more than one "
-                                  f"tile's, {cap}): that is a dense backward over whole rows of the L × L matrix — "
-                                  f"recompute P tile by tile, block × block.")
-        if flops > allowed:
-            return Verdict(False, f"right gradients, but your products cost {flops} FLOPs, more than the tiles allow "
-                                  f"({allowed}: 7 tile products per tile{', on or below the diagonal' if case.params['causal'] else ''}"
-                                  f"): {'skip the tiles above the diagonal — all their keys are in the future; ' if case.params['causal'] else ''}"
-                                  f"recompute each tile's P once per pass.")
         return Verdict(True)
     if _has_nan(got):
-        return Verdict(False, "NaN: recompute P = exp(S − L) with the saved lse L (finite for every row); a row "
-                              "normalised by its own maximum over a tile of −∞ gives exp(−∞ + ∞).")
+        return Verdict(False, "NaN: recompute P = exp(S − lse_i) with the lse you are given (finite for every row); "
+                              "a row normalised by its own maximum over a tile of −∞ gives exp(−∞ + ∞).")
     for hint, kw in [
-        ("D_i is missing: dS = P ∘ (dP − D) with D_i = rowsum(dO_i ∘ O_i), computed once before the loop.",
-         dict(use_D=False)),
-        ("P must be recomputed from the saved lse, P = exp(S − L), not normalised by each tile's own row sums: a "
+        ("D_i is missing: dS = P ∘ (dP − D_i), with the D_i you are given.", dict(use_D=False)),
+        ("P must be recomputed from the given lse, P = exp(S − lse_i), not normalised by each tile's own row sums: a "
          "tile holds only some of the row's keys, the lse holds all of them.", dict(p="tile")),
-        ("P must be recomputed as exp(S − L) with the saved lse L; exp(S) alone is not normalised.", dict(p="exp")),
-        ("the scale is missing in dS: S = Q Kᵀ · scale, so dQ += dS K · scale and dK += dSᵀ Q · scale.",
+        ("P must be recomputed as exp(S − lse_i) with the given lse; exp(S) alone is not normalised.", dict(p="exp")),
+        ("the scale is missing in dS: S = Q Kᵀ · scale, so dq_i = dS K_j · scale and dk_j = dSᵀ Q_i · scale.",
          dict(scale_ds=False)),
+        ("`visible` is ignored: put −∞ in S where it is False (key j in the future of query i), so that P is 0 there.",
+         dict(mask=False)),
     ]:
-        cand = _tb_model(case, **kw)
+        cand = _tb_drive(lambda *a: _bwd_tile(*a, **kw), case)
         if all(_same(got[key], cand[key]) for key in ("dq", "dk", "dv") if not ok[key]):
             return Verdict(False, hint)
     if ok["dv"]:
-        return Verdict(False, "dV is right; for dQ, dK per tile: dP = dO_i V_jᵀ, dS = P ∘ (dP − D_i), dQ_i += dS K_j·scale, "
-                              "dK_j += dSᵀ Q_i·scale.")
-    return Verdict(False, "per tile: S = Q_i K_jᵀ·scale (masked), P = exp(S − L_i), dV_j += Pᵀ dO_i — summed over every "
-                          "query tile that sees key tile j.")
+        return Verdict(False, "dv_j is right; for dq_i, dk_j: dP = dO_i V_jᵀ, dS = P ∘ (dP − D_i), dq_i = dS K_j·scale, "
+                              "dk_j = dSᵀ Q_i·scale.")
+    return Verdict(False, "per tile: S = Q_i K_jᵀ·scale (−∞ where not visible), P = exp(S − lse_i), dv_j = Pᵀ dO_i.")
 
 
 # ---- 08_causal_tiles ----------------------------------------------------------------------------------
@@ -466,24 +486,22 @@ EXERCISES = [
     Exercise("08_online_step", 3, "Fix the online-softmax step",
              "a function online_step(m, l, acc, s, v) -> (m_new, l_new, acc_new)",
              _step_cases, _step_answer, _step_expected, _step_judge, forbidden=FORBID_COURSE + FORBID_SOFTMAX, kind="debug"),
-    Exercise("08_tiled_forward", 3, "Tiled attention forward with the logsumexp",
-             "a function tiled_attention(q, k, v, causal, block) -> (out, lse)",
-             _tiled_cases, _tiled_answer, _tiled_expected, _tiled_judge,
-             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX,
-             max_numel_fn=lambda case: case.inputs["q"].shape[-2] * case.inputs["k"].shape[-2], kind="build"),   # tile by tile
+    Exercise("08_tiled_forward", 3, "The tile step of the tiled forward",
+             "a function flash_tile(m, l, acc, q_i, k_j, v_j, visible) -> (m_new, l_new, acc_new)",
+             _tiled_cases, _fwd_drive, _tiled_expected, _tiled_judge,
+             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX + FORBID_FUSED, kind="build"),
     Exercise("08_backward_from_lse", 3, "Backward from the output and the logsumexp",
              "a function attention_backward(q, k, v, out, lse, dout, causal) -> (dq, dk, dv)",
-             _bwd_cases, _bwd_answer, _bwd_expected, _bwd_judge,
-             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX + ("torch.autograd",), kind="build"),
+             _bwd_cases, _bwd_answer, _grads, _bwd_judge,
+             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX + FORBID_FUSED, kind="build"),
     Exercise("08_causal_tiles", 1, "How many tiles does causal attention compute?",
              "a function causal_tiles(L, block_q, block_k) -> int",
              _tiles_cases, _tiles_answer, _tiles_expected, _tiles_judge, forbidden=FORBID_COURSE, kind="compute"),
     Exercise("08_hbm_traffic", 2, "Slow-memory traffic of the tiled forward",
              "a function tiled_traffic(N, d, block_q, block_k) -> int",
              _io_cases, _io_answer, _io_expected, _io_judge, forbidden=FORBID_COURSE, kind="compute"),
-    Exercise("08_tiled_backward", 4, "FlashAttention's tiled, recomputing backward",
-             "a function tiled_backward(q, k, v, out, lse, dout, causal, block) -> (dq, dk, dv)",
-             _tb_cases, _tb_answer, _tb_expected, _tb_judge,
-             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX + ("torch.autograd",),
-             max_numel_fn=lambda case: case.inputs["q"].shape[-2] ** 2, kind="build"),   # no L × L tensor
+    Exercise("08_tiled_backward", 4, "FlashAttention's tiled, recomputing backward: the tile step",
+             "a function tile_step(q_i, k_j, v_j, do_i, lse_i, D_i, visible) -> (dq_i, dk_j, dv_j)",
+             _tb_cases, _tb_drive, _grads, _tb_judge,
+             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX + FORBID_FUSED, kind="build"),
 ]

@@ -11,7 +11,8 @@ import math
 import torch
 
 from ..spec import FORBID_COURSE, FORBID_SDPA, Case, Exercise, Verdict, close, diagnose, randint, choice, draw
-from .lesson08 import FORBID_SOFTMAX
+from .lesson08 import (_RESCALE_HINT, FORBID_FUSED, FORBID_SOFTMAX, _first, _fwd_step, attention_after_prior, fold_tiles,
+                       prior_state, shuffled)
 
 __all__ = ["EXERCISES"]
 
@@ -316,7 +317,7 @@ def _fix_judge(got, want, case):
     ], "softmax(QKᵀ/√d with −∞ where the mask is False) V.")
 
 
-# ---- 09_window_tiles: sliding-window attention by tiles, only the band's tiles ------------------------
+# ---- 09_window_tiles: the band's tile list, and the online-softmax step the grader runs over it ----------
 
 def _band(L, W, block):
     """The band's tiles: per query block [q0, q1), the key tiles of the grid that meet [q0 − W + 1, q1)."""
@@ -324,14 +325,6 @@ def _band(L, W, block):
         q1 = min(q0 + block, L)
         for k0 in range(max(0, q0 - W + 1) // block * block, q1, block):
             yield q0, q1, k0, min(k0 + block, L)
-
-
-def _band_work(case):
-    """(tiles, FLOPs of QKᵀ and P·V over them) for the case's shapes."""
-    B, H, L, d = case.inputs["q"].shape
-    dv = case.inputs["v"].shape[-1]
-    tiles = list(_band(L, case.params["window"], case.params["block"]))
-    return len(tiles), sum(2 * B * H * (q1 - q0) * (k1 - k0) * (d + dv) for q0, q1, k0, k1 in tiles)
 
 
 def _masked_attn(q, k, v, visible, *, scale=True):
@@ -349,142 +342,122 @@ def _window(L, W, *, le=False):
     return (j <= i) & ((i - j <= W) if le else (i - j < W))
 
 
-def _tiled(q, k, v, W, block, *, rescale=True, le=False):
-    """The band's tiles, as a learner's online softmax runs them — with acc not rescaled when the running max
-    rises, or with the mask i − j <= W (whose extra key is then seen only where its tile is visited)."""
-    L = q.shape[-2]
-    out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=_F64)
-    for q0, q1, k0, k1 in _band(L, W, block):
-        if k0 == max(0, q0 - W + 1) // block * block:                 # first tile of the block: fresh state
-            m = torch.full((*q.shape[:-2], q1 - q0, 1), -_INF, dtype=_F64)
-            l, acc = torch.zeros_like(m), torch.zeros(*q.shape[:-2], q1 - q0, v.shape[-1], dtype=_F64)
-        s = q[..., q0:q1, :].to(_F64) @ k[..., k0:k1, :].to(_F64).transpose(-2, -1) / math.sqrt(q.shape[-1])
-        i, j = torch.arange(q0, q1)[:, None], torch.arange(k0, k1)[None, :]
-        s = s.masked_fill((j > i) | ((i - j > W) if le else (i - j >= W)), -_INF)
-        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
-        m_sub = torch.where(m_new == -_INF, 0.0, m_new)
-        p = torch.exp(s - m_sub)
-        alpha = torch.exp(m - m_sub)
-        l = alpha * l + p.sum(-1, keepdim=True)
-        acc = (alpha * acc if rescale else acc) + p @ v[..., k0:k1, :].to(_F64)
-        m = m_new
-        if k1 >= q1:                                                  # the diagonal tile is the block's last
-            out[..., q0:q1, :] = acc / l
-    return out
+_MASKS = {"answer": dict(), "le": dict(le=True), "no_causal": dict(causal=False), "causal_only": dict(window=False)}
 
 
-def _wt_masks(L, W, block):
-    """The answer's band and what each masking mistake lets through instead."""
-    i, j = _ij(L)
-    first_tile = (((i // block) * block - W + 1).clamp(min=0) // block) * block
-    return {"answer": _window(L, W), "le": _window(L, W, le=True),
-            "no_diag": (i - j < W) & (j // block <= i // block),          # no causal mask in the diagonal tiles
-            "open_diag": _window(L, W) | (j // block == i // block),      # no mask at all in the diagonal tiles
-            "causal_only": (j <= i) & (j >= first_tile)}                  # no window mask in the band's tiles
+def _band_visible(q0, q1, k0, k1, W, *, le=False, causal=True, window=True):
+    """Where query i may see key j in the tile — 0 <= i − j < W — and what each masking mistake lets through."""
+    i, j = torch.arange(q0, q1)[:, None], torch.arange(k0, k1)[None, :]
+    ok = (j <= i) if causal else torch.ones(q1 - q0, k1 - k0, dtype=torch.bool)
+    return ok & ((i - j <= W) if le else (i - j < W)) if window else ok
 
 
-def _first_tile_hidden(L, W, block):
-    """Does some row see no key at all in the first tile its block visits (the NaN trap of exp(−∞ + ∞))?"""
-    for q0 in range(0, L, block):
-        q1 = min(q0 + block, L)
-        if q1 - W >= max(0, q0 - W + 1) // block * block + block:     # row q1 − 1 starts past that tile
-            return True
-    return False
+def _grid(case):
+    """The grid's (query blocks, key tiles) — the shape of the tile-visit counts."""
+    n = -(-case.params["L"] // case.params["block"])
+    return n, n
 
 
 def _wt_cases(gen):
     def make(g):
-        B, H = choice(g, ((1, 1), (1, 2), (2, 1)))
-        d, block = randint(g, 2, 4), randint(g, 3, 6)
+        block = randint(g, 3, 6)
         W = choice(g, (randint(g, 2, block - 1), randint(g, block + 1, 3 * block)))
         L = randint(g, max(3 * W, 5 * block), 56)
-        masks = [m for key, m in _wt_masks(L, W, block).items() if key != "open_diag" or W < block]
-        n_band = len(list(_band(L, W, block)))
-        n_causal = sum(-(-min(L, q0 + block) // block) for q0 in range(0, L, block))
-        ok = (W % block != 0 and B * H * d * 2 < L                       # every tiled tensor < L·L
-              and block + W - 1 > max(block, d)                          # a softmax over a whole key range > a tile
-              and 4 * n_band <= 3 * n_causal                             # the causal tiles are 1/3 more work at least
-              and _first_tile_hidden(L, W, block)
-              and all(not torch.equal(a, b) for n, a in enumerate(masks) for b in masks[n + 1:]))
-        return (B, H, L, d, W, block), ok
-    # every case: W not a multiple of block (edge tiles are partly visible), a band clearly smaller than the
-    # causal triangle, a row whose first tile is all hidden, and each masking mistake a different mask;
-    # tensors of a tiled solution < L·L
+        return (L, W, block), W % block != 0 and L % block != 0                  # edge tiles partly visible
     out = []
-    for _ in range(3):
-        (B, H, L, d, W, block), _ = draw(gen, make, lambda x: x[1])
-        out.append(Case(f"B={B}, H={H}, L={L}, d={d}, window={W}, block={block}",
-                        {n: torch.randn(B, H, L, d, generator=gen, dtype=_F64) for n in "qkv"},
-                        {"window": W, "block": block}))
+    for part in ("tiles", "update", "tiles", "update", "tiles", "update"):
+        (L, W, block), _ = draw(gen, make, lambda x: x[1])
+        if part == "tiles":
+            out.append(Case(f"band_tiles(L={L}, window={W}, block={block})", {}, {"part": part, "L": L, "window": W,
+                                                                                  "block": block}))
+            continue
+        B, H, d = randint(gen, 1, 2), randint(gen, 1, 2), randint(gen, 2, 4)
+        qkv = {n: torch.randn(B, H, L, d, generator=gen, dtype=_F64) for n in "qkv"}
+        out.append(Case(f"band_update over the band: B={B}, H={H}, L={L}, d={d}, window={W}, block={block}",
+                        {**qkv, **prior_state(gen, B, H, L, d)},
+                        {"part": part, "L": L, "window": W, "block": block, "order": randint(gen, 0, 2**31)}))
     return out
 
 
-def _wt_answer(fn, case):
-    from ..guard import Work
-    i, p = case.inputs, case.params
-    with Work() as work:
-        out = fn(i["q"], i["k"], i["v"], p["window"], p["block"])
-    return {"out": out, "flops": torch.tensor(work.flops, dtype=torch.int64),
-            "largest": torch.tensor(work.largest, dtype=torch.int64)}
+def _wt_drive(step, case):
+    """The grader's loop over the band's tiles, in a shuffled order, from the case's prior state."""
+    i, W = case.inputs, case.params["window"]
+    return fold_tiles(case, shuffled(list(_band(case.params["L"], W, case.params["block"])), case.params["order"]),
+                      lambda m, l, acc, q0, q1, k0, k1: step(
+                          m, l, acc, i["q"][..., q0:q1, :].clone(), i["k"][..., k0:k1, :].clone(),
+                          i["v"][..., k0:k1, :].clone(), q0, k0, W))
 
 
-def _tile_cap(case):
-    """The largest product result a tile-by-tile online softmax forms: one tile's scores (B·H·block·block) or
-    one tile's P̃V (B·H·block·d)."""
-    B, H, L, d = case.inputs["q"].shape
-    return B * H * case.params["block"] * max(case.params["block"], case.inputs["v"].shape[-1])
+def _wt_answer(obj, case):
+    if not (isinstance(obj, tuple) and len(obj) == 2):
+        raise TypeError("hand in the pair (band_tiles, band_update)")
+    band_tiles, band_update = obj
+    if case.params["part"] == "update":
+        return _wt_drive(band_update, case)
+    p, visits = case.params, torch.zeros(_grid(case), dtype=torch.int64)
+    for q0, k0 in band_tiles(p["L"], p["window"], p["block"]):
+        q0, k0 = int(q0), int(k0)
+        if q0 % p["block"] or k0 % p["block"] or not (0 <= q0 < p["L"] and 0 <= k0 < p["L"]):
+            raise ValueError(f"({q0}, {k0}) is not a tile of the grid: q0 and k0 are multiples of block = "
+                             f"{p['block']} below L = {p['L']}")
+        visits[q0 // p["block"], k0 // p["block"]] += 1
+    return {"visits": visits}
 
 
 def _wt_expected(case):
-    i, L = case.inputs, case.inputs["q"].shape[-2]
-    return {"out": _masked_attn(i["q"], i["k"], i["v"], _window(L, case.params["window"])),
-            "flops": torch.tensor(_band_work(case)[1], dtype=torch.int64),
-            "largest": torch.tensor(_tile_cap(case), dtype=torch.int64)}
+    p = case.params
+    if p["part"] == "update":
+        return attention_after_prior(case, _window(p["L"], p["window"]))
+    visits = torch.zeros(_grid(case), dtype=torch.int64)
+    for q0, _, k0, _ in _band(p["L"], p["window"], p["block"]):
+        visits[q0 // p["block"], k0 // p["block"]] = 1
+    return {"visits": visits}
+
+
+def _band_step(m, l, acc, q_i, k_j, v_j, q0, k0, W, *, scale=True, mask=dict(), **kw):
+    """The reference step (and its mistakes: ``mask`` one of :data:`_MASKS`, ``scale``, lesson 08's ``rescale_*``)."""
+    visible = _band_visible(q0, q0 + q_i.shape[-2], k0, k0 + k_j.shape[-2], W, **mask)
+    return _fwd_step(m, l, acc, q_i, k_j, v_j, visible, scale=scale, **kw)
 
 
 def _wt_judge(got, want, case):
-    i, W, block = case.inputs, case.params["window"], case.params["block"]
-    L, d = i["q"].shape[-2:]
-    if close(got["out"], want["out"]):
-        tiles, work = _band_work(case)
-        flops, largest, cap = int(got["flops"]), int(got["largest"]), _tile_cap(case)
-        if largest > cap:
-            return Verdict(False, f"right values, but your code formed {largest} scores at once (more than one tile's "
-                                  f"scores, B·H·block·max(block, d) = {cap}): that is one softmax over the block's "
-                                  f"whole key range, not the online softmax — take the keys one tile of `block` at a "
-                                  f"time and rescale m, l, acc at each.")
-        if flops <= work * (1 + 1 / (2 * d)):                            # + a product with ones for the row sums
+    p = case.params
+    if p["part"] == "tiles":
+        extra, missing = (got["visits"] > want["visits"]).nonzero().tolist(), (got["visits"] < want["visits"]).nonzero().tolist()
+        if not extra and not missing:
             return Verdict(True)
-        return Verdict(False, f"right values, but you visited about {round(tiles * flops / work)} tiles; the band "
-                              f"has {tiles}: for the query block [q0, q1) only the key tiles that meet "
-                              f"[q0 − W + 1, q1) hold a visible key — start the key loop there and stop at q1.")
-    if _has_nan(got["out"]):
-        return Verdict(False, "NaN: a row whose keys in the first tile it visits are all hidden gets m_new = −∞ "
-                              "and exp(−∞ − (−∞)) = NaN. Subtract 0 where m_new is −∞ (that row keeps l = 0, "
-                              "acc = 0 until a visible key arrives).")
-    q, k, v = i["q"], i["k"], i["v"]
-    masks = _wt_masks(L, W, block)
+        b, W = p["block"], p["window"]
+        if missing:
+            q0, k0 = (x * b for x in missing[0])
+            return Verdict(False, f"tile (q0={q0}, k0={k0}) is missing: some query of [{q0}, {q0 + b}) sees some key "
+                                  f"of [{k0}, {k0 + b}) (0 <= i − j < {W}). Per query block, the key tiles from the "
+                                  f"one holding key q0 − W + 1 up to the diagonal.")
+        q0, k0 = (x * b for x in extra[0])
+        twice = int(got["visits"][extra[0][0], extra[0][1]]) > 1 and bool(want["visits"][extra[0][0], extra[0][1]])
+        return Verdict(False, f"tile (q0={q0}, k0={k0}) is listed twice." if twice else
+                       f"tile (q0={q0}, k0={k0}) holds no key any query of its block may see (all are older than "
+                       f"i − W + 1, or in the future): the band skips it — start the key tiles at (q0 − W + 1) // "
+                       f"block · block and stop at the diagonal.")
+    if close(got["out"], want["out"]) and close(got["lse"], want["lse"]):
+        return Verdict(True)
+    if bool(torch.isnan(got["out"]).any()):
+        return Verdict(False, "NaN: a row whose keys in a tile are all hidden gets m_new = −∞ when its state is "
+                              "empty, and exp(−∞ − (−∞)) = NaN. Subtract 0 where m_new is −∞ (that row keeps "
+                              "l = 0, acc = 0 until a visible key arrives).")
+    drive = lambda **kw: _wt_drive(lambda *a: _band_step(*a, **kw), case)  # noqa: E731
     off_by_one = ("off by one: i − j <= W lets each query see W + 1 keys; the window counts the query itself, so "
                   "key j is visible iff 0 <= i − j < W.")
-    diagonal = ("the diagonal tiles need the causal mask too: inside the tile where the query block meets its own "
-                "keys, keys j > i are in the future.")
-    return diagnose(got["out"], [
-        (off_by_one, _masked_attn(q, k, v, masks["le"])),
-        (off_by_one, _tiled(q, k, v, W, block, le=True)),
-        (diagonal, _masked_attn(q, k, v, masks["no_diag"])),
-        (diagonal, _masked_attn(q, k, v, masks["open_diag"])),
+    return _first(got, [
+        (off_by_one, drive(mask=_MASKS["le"])),
+        ("the diagonal tiles need the causal mask too: inside the tile where the query block meets its own keys, "
+         "keys j > i are in the future.", drive(mask=_MASKS["no_causal"])),
         ("the window mask is missing: the band's oldest tiles (and, when W < block, the diagonal tile) hold keys "
-         "older than i − W + 1 for some rows — hide i − j >= W as well as j > i.",
-         _masked_attn(q, k, v, masks["causal_only"])),
-        ("the accumulator is not rescaled: when a tile raises the running max, multiply the old acc by "
-         "α = exp(m − m_new) before adding the new tile's P̃V.", _tiled(q, k, v, W, block, rescale=False)),
-        ("the scores are not scaled: multiply QKᵀ by 1/√d.", _masked_attn(q, k, v, masks["answer"], scale=False)),
-    ], "compare with softmax(QKᵀ/√d) V over the keys 0 <= i − j < W: per tile rescale acc and l by "
-       "α = exp(m − m_new), and divide by l at the end.")
-
-
-def _has_nan(t):
-    return bool(torch.isnan(t).any())
+         "older than i − W + 1 for some rows — hide i − j >= W as well as j > i.", drive(mask=_MASKS["causal_only"])),
+        (_RESCALE_HINT, drive(rescale_acc=False)),
+        ("the scores are not scaled: multiply q_i k_jᵀ by 1/√d.", drive(scale=False)),
+    ], "the step must fold the tile into the state it is given (it may already hold keys from elsewhere), over the "
+       "keys 0 <= i − j < W of the tile: m_new = max(m, rowmax(S)), α = exp(m − m_new), l_new = α·l + rowsum(P̃), "
+       "acc_new = α·acc + P̃ v_j.")
 
 
 # ---- 09_rolling_decode: the rolling-buffer cache, token by token --------------------------------------
@@ -609,11 +582,11 @@ EXERCISES = [
     Exercise("09_fix_sparse_attention", 2, "Find the bug: a survey's softmax(QKᵀ/√d ⊙ M)",
              "a function sparse_attention(q, k, v, mask) -> (B, H, L, d), mask bool (L, L), True = may attend",
              _fix_cases, _fix_answer, _fix_expected, _fix_judge, forbidden=FORBID_SDPA + FORBID_COURSE, kind="debug"),
-    Exercise("09_window_tiles", 3, "Sliding-window attention by tiles: only the band",
-             "a function window_attention(q, k, v, window, block) -> out (B, H, L, d)",
+    Exercise("09_window_tiles", 3, "Sliding-window attention by tiles: the band and its step",
+             "the pair (band_tiles(L, window, block) -> [(q0, k0), ...], "
+             "band_update(m, l, acc, q_i, k_j, v_j, q0, k0, window) -> (m_new, l_new, acc_new))",
              _wt_cases, _wt_answer, _wt_expected, _wt_judge,
-             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX + FORBID_FLEX,
-             max_numel_fn=lambda case: case.inputs["q"].shape[-2] ** 2, kind="build"),   # no L × L tensor
+             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX + FORBID_FLEX + FORBID_FUSED, kind="build"),
     Exercise("09_rolling_decode", 3, "Decode with a rolling-buffer cache",
              "a function decode_step(k_cache, v_cache, q, k, v, t) -> (out, k_cache, v_cache)",
              _roll_cases, _roll_answer, _roll_expected, _roll_judge,

@@ -329,136 +329,86 @@ def _bug_judge(got, want, case):
                                 "φ = elu + 1.")
 
 
-# ---- 10_chunked_scan: causal linear attention as a chunked scan ---------------------------------------
+# ---- 10_chunked_scan: the grader runs the scan, the learner writes one chunk's step ----------------------
 
-def _scan_formula(pq, pk, v, C, *, intra="tril", state="after", accumulate=True, normalise=True, eps=1e-6):
-    """Chunk by chunk, with the learner's choices: ``intra`` "tril" (j <= i), "strict" (j < i) or "full";
-    ``state`` "after" (the answer) or "before" (the chunk folded into S before its intra part)."""
-    L = pq.shape[-2]
-    S = pq.new_zeros(*pq.shape[:-2], pq.shape[-1], v.shape[-1])
-    z = pq.new_zeros(*pq.shape[:-2], pq.shape[-1])
-    out = torch.empty_like(v)
-    for c0 in range(0, L, C):
-        Q, K, V = pq[..., c0:c0 + C, :], pk[..., c0:c0 + C, :], v[..., c0:c0 + C, :]
-        A = Q @ K.transpose(-2, -1)
-        A = {"tril": A.tril(), "strict": A.tril(-1), "full": A}[intra]
-        kv, ks = K.transpose(-2, -1) @ V, K.sum(-2)
-        if state == "before":
-            S, z = S + kv, z + ks
-        num = Q @ S + A @ V
-        den = (Q @ z[..., None]).squeeze(-1) + A.sum(-1) + eps
-        out[..., c0:c0 + C, :] = num / den[..., None] if normalise else num
-        if state == "after":
-            S, z = (S + kv, z + ks) if accumulate else (kv, ks)
-    return out
-
-
-def _scan_quadratic(pq, pk, v, eps=1e-6):
-    """The quadratic masked form: out_i = Σ_{j<=i} (φq_i·φk_j) v_j / (Σ_{j<=i} φq_i·φk_j + eps)."""
-    K = (pq @ pk.transpose(-2, -1)).tril()
-    return K @ v / (K.sum(-1, keepdim=True) + eps)
-
-
-def _scan_limits(case):
-    """(one head's L × L, the per-position state stack B·H·L·E·Ev): no tensor may reach either."""
-    B, H, L, E = case.inputs["phi_q"].shape
-    return L * L, B * H * L * E * case.inputs["v"].shape[-1]
-
-
-def _scan_work(B, H, L, E, Ev, C):
-    """The multiply-adds (×2) a chunked scan may spend: per chunk (padded to C rows) its C × C block against
-    [V | 1] and φ(Q) against [S | z] and the state update φ(K)ᵀ[V | 1], with a quarter more for slack —
-    O(L·C·(E + Ev) + L·E·Ev). A quadratic form needs about L²(E + Ev)."""
-    n = -(-L // C)
-    return B * H * n * C * 2 * (C * (E + Ev + 1) + 2 * E * (Ev + 1)) * 5 // 4
+def _chunk_ref(S, z, pq, pk, v, *, intra="tril", state="after", accumulate=True, normalise=True, eps=1e-6):
+    """One chunk (C rows) from the state S (E, Ev), z (E) of the earlier tokens, with the learner's choices:
+    ``intra`` "tril" (j <= i), "strict" (j < i) or "full"; ``state`` "after" (the answer) or "before" (the chunk
+    folded into S before its intra part). Returns (out, S_new, z_new)."""
+    A = pq @ pk.transpose(-2, -1)
+    A = {"tril": A.tril(), "strict": A.tril(-1), "full": A}[intra]
+    kv, ks = pk.transpose(-2, -1) @ v, pk.sum(-2)
+    S_new, z_new = (S + kv, z + ks) if accumulate else (kv, ks)
+    S_r, z_r = (S_new, z_new) if state == "before" else (S, z)
+    num = pq @ S_r + A @ v
+    out = num / ((pq @ z_r[..., None]).squeeze(-1) + A.sum(-1) + eps)[..., None] if normalise else num
+    return out, S_new, z_new
 
 
 def _scan_cases(gen):
-    def make(g):
-        B, H, E, Ev, C = randint(g, 1, 2), randint(g, 1, 2), randint(g, 2, 5), randint(g, 2, 5), randint(g, 2, 8)
-        L = randint(g, 3 * C + 1, 96)
-        n = -(-L // C)
-        square, stack = L * L, B * H * L * E * Ev
-        # what a chunked scan needs — the inputs (padded to n·C), the chunks' C × C products and (E, Ev)
-        # states, all chunks at once — stays below both limits; and the quadratic forms (every query against its
-        # whole prefix, by rows or by chunks) need at least twice the work a chunked scan is allowed
-        need = max(B * H * n * C * max(E, Ev, C), B * H * n * E * Ev)
-        quadratic = B * H * L * (L + 1) * (E + Ev)
-        return (B, H, L, E, Ev, C), need < min(square, stack) and quadratic >= 2 * _scan_work(B, H, L, E, Ev, C)
     out = []
     for n in range(4):
-        (B, H, L, E, Ev, C), _ = draw(gen, make, lambda x: x[1] and (x[0][2] % x[0][5] != 0) == (n != 3))
+        B, H, E, Ev, C = randint(gen, 1, 2), randint(gen, 1, 2), randint(gen, 2, 5), randint(gen, 2, 5), randint(gen, 4, 8)
+        L = C * randint(gen, 3, 6) + (0 if n == 3 else randint(gen, 1, C - 1))      # the last chunk shorter, but once
         # ReLU features: many exact zeros (a row of zeros makes the normaliser just eps); case 1 is tiny, so
         # that eps is as large as the sums it is added to
         scale = 1e-3 if n == 1 else 1.0
         pq, pk = (torch.relu(torch.randn(B, H, L, E, generator=gen, dtype=_F64)) * scale for _ in range(2))
         pk[..., 0, :] = 0.0                                                  # key 0 adds nothing
-        out.append(Case(f"B={B}, H={H}, L={L}, E={E}, Ev={Ev}, chunk={C}" + (", tiny features" if n == 1 else ""),
-                        {"phi_q": pq, "phi_k": pk, "v": torch.randn(B, H, L, Ev, generator=gen, dtype=_F64)},
-                        {"chunk": C}))
+        S0 = torch.rand(B, H, E, Ev, generator=gen, dtype=_F64) * (n % 2) * 3   # cases 1, 3: earlier tokens
+        z0 = torch.rand(B, H, E, generator=gen, dtype=_F64) * (n % 2) * 3
+        out.append(Case(f"B={B}, H={H}, L={L}, E={E}, Ev={Ev}, chunk={C}" + (", tiny features" if n == 1 else "")
+                        + (", from a state of earlier tokens" if n % 2 else ", from the empty state"),
+                        {"phi_q": pq, "phi_k": pk, "v": torch.randn(B, H, L, Ev, generator=gen, dtype=_F64),
+                         "S0": S0, "z0": z0}, {"chunk": C}))
     return out
 
 
-def _scan_answer(fn, case):
-    from ..guard import TensorCallWatch, Work
-    i = case.inputs
-    with TensorCallWatch() as watch, Work() as work:
-        out = fn(i["phi_q"], i["phi_k"], i["v"], case.params["chunk"])
-    return {"out": out, "largest": torch.tensor(watch.largest_numel, dtype=torch.int64),
-            "flops": torch.tensor(work.flops, dtype=torch.int64)}
+def _scan_drive(step, case):
+    """The grader's scan: chunk after chunk of ``chunk`` tokens (the last may be shorter), the state the step
+    returned carried to the next; the outputs and the final state are graded."""
+    i, C = case.inputs, case.params["chunk"]
+    S, z, outs = i["S0"].clone(), i["z0"].clone(), []
+    for c0 in range(0, i["v"].shape[-2], C):
+        o, S, z = step(S, z, *(i[n][..., c0:c0 + C, :].clone() for n in ("phi_q", "phi_k", "v")))
+        outs.append(o)
+    return {"out": torch.cat(outs, -2), "S": S, "z": z}
 
 
 def _scan_expected(case):
+    """Dense, from the definition: out_i = (φq_i·S0 + Σ_{j<=i} (φq_i·φk_j) v_j) / (φq_i·z0 + Σ_{j<=i} φq_i·φk_j + eps)."""
     i = case.inputs
-    return {"out": _scan_quadratic(i["phi_q"], i["phi_k"], i["v"]), "largest": torch.tensor(0, dtype=torch.int64),
-            "flops": torch.tensor(_scan_work(*i["phi_q"].shape, i["v"].shape[-1], case.params["chunk"]),
-                                  dtype=torch.int64)}
+    pq, pk, v = i["phi_q"], i["phi_k"], i["v"]
+    K = (pq @ pk.transpose(-2, -1)).tril()
+    den = (pq @ i["z0"][..., None]).squeeze(-1) + K.sum(-1) + 1e-6
+    return {"out": (pq @ i["S0"] + K @ v) / den[..., None], "S": i["S0"] + pk.transpose(-2, -1) @ v,
+            "z": i["z0"] + pk.sum(-2)}
 
 
 def _scan_judge(got, want, case):
-    square, stack = _scan_limits(case)
-    largest = int(got["largest"])
-    if close(got["out"], want["out"], atol=1e-6, rtol=1e-5):
-        limits = ([f"one head's L × L matrix ({square})"] if largest >= square else []) + \
-                 ([f"a state per position (B·H·L·E·Ev = {stack}: the cumsum shortcut)"] if largest >= stack else [])
-        if limits:
-            return Verdict(False, f"right values, but your code formed a tensor of {largest} elements, as large as "
-                                  f"{' and as '.join(limits)}: inside a chunk use its C × C block only, and carry ONE "
-                                  f"running state S (E × Ev) and z (E) from chunk to chunk.")
-        flops, allowed = int(got["flops"]), int(want["flops"])
-        if flops > allowed:
-            return Verdict(False, f"right values, but your products cost {flops} FLOPs (2 per multiply-add), more "
-                                  f"than a chunked scan is allowed ({allowed}, O(L·C)): each query was compared with its whole prefix "
-                                  f"(O(L²) work, no carried state) — compare it with its own chunk only and read the "
-                                  f"earlier chunks from ONE running state S (E × Ev) and z (E).")
+    if all(close(got[k], want[k], atol=1e-6, rtol=1e-5) for k in want):
         return Verdict(True)
-    i, C = case.inputs, case.params["chunk"]
-    pq, pk, v = i["phi_q"], i["phi_k"], i["v"]
-    f = lambda **kw: _scan_formula(pq, pk, v, C, **kw)  # noqa: E731
-    return diagnose(got["out"], [
+    if close(got["out"], want["out"], atol=1e-6, rtol=1e-5):
+        return Verdict(False, "the outputs are right but the state you return is not: S_new = S + φ(K_c)ᵀV_c and "
+                              "z_new = z + Σ φ(k_j) over the chunk — the grader carries it to the next chunk and "
+                              "checks the last one.")
+    drive = lambda **kw: _scan_drive(lambda *a: _chunk_ref(*a, **kw), case)  # noqa: E731
+    return diagnose({"out": got["out"]}, [(hint, {"out": drive(**kw)["out"]}) for hint, kw in [
         ("the normaliser is missing: divide by φ(q_i)·z + Σ_{j<=i in the chunk} φ(q_i)·φ(k_j) + eps.",
-         f(normalise=False)),
+         dict(normalise=False)),
         ("eps is missing: where every φ(q_i)·φ(k_j) is 0 the normaliser is 0 and the output 0/0 — add eps = 1e-6 "
-         "once, to the whole denominator.", f(eps=0.0)),
+         "once, to the whole denominator.", dict(eps=0.0)),
         ("eps is added twice (once per part?): add eps = 1e-6 once, to the sum of the inter- and intra-chunk "
-         "denominators.", f(eps=2e-6)),
-        ("not causal inside the chunk — or the state already holds the chunk when it is read: query i may see "
-         "keys j <= i of its own chunk only (tril of the C × C block), and S, z hold the EARLIER chunks.",
-         f(intra="full")),
-        ("the diagonal is excluded inside the chunk: query i sees key i too (tril, not tril(−1)).", f(intra="strict")),
+         "denominators.", dict(eps=2e-6)),
+        ("not causal inside the chunk: query i may see keys j <= i of its own chunk only (tril of the C × C block).",
+         dict(intra="full")),
+        ("the diagonal is excluded inside the chunk: query i sees key i too (tril, not tril(−1)).", dict(intra="strict")),
         ("the state is updated BEFORE the chunk's intra part, so the chunk's keys are counted twice: read S and z, "
-         "add the intra-chunk part, and only then fold the chunk into S and z.", f(state="before")),
-        ("the state must accumulate every earlier chunk (S = S + φ(K_c)ᵀV_c), not hold the last chunk only.",
-         f(accumulate=False)),
-    ], "compare with out_i = (φ(q_i)S + Σ_{j<=i in chunk} (φ(q_i)·φ(k_j)) v_j) / (φ(q_i)·z + Σ_{j<=i in chunk} "
-       "φ(q_i)·φ(k_j) + eps), S and z summing the earlier chunks.")
-
-
-def _scan_error_hint(case, error):
-    if "invalid for input of size" in error or "must match the size" in error or "expanded size" in error:
-        return ("L need not be a multiple of the chunk size: the last chunk may be shorter (slice it, or pad with "
-                "zeros — a zero φ(k) adds nothing to the sums).")
-    return None
+         "add the intra-chunk part, and only then fold the chunk into S and z.", dict(state="before")),
+        ("the state must accumulate (S_new = S + φ(K_c)ᵀV_c), not hold the last chunk only.", dict(accumulate=False)),
+    ]], "the step must read the earlier tokens from the S, z it is given (they may hold tokens the grader saw "
+        "elsewhere): out_i = (φ(q_i)S + Σ_{j<=i in chunk} (φ(q_i)·φ(k_j)) v_j) / (φ(q_i)·z + Σ_{j<=i in chunk} "
+        "φ(q_i)·φ(k_j) + eps).")
 
 
 EXERCISES = [
@@ -477,8 +427,8 @@ EXERCISES = [
     Exercise("10_find_the_bug", 3, "Find the bugs in causal linear attention",
              "a function causal_linear_attention(q, k, v) -> out",
              _bug_cases, _bug_answer, _bug_expected, _bug_judge, forbidden=FORBID_COURSE, kind="debug"),
-    Exercise("10_chunked_scan", 3, "Causal linear attention as a chunked scan",
-             "a function chunked_linear_attention(phi_q, phi_k, v, chunk) -> out (B, H, L, Ev)",
-             _scan_cases, _scan_answer, _scan_expected, _scan_judge, forbidden=FORBID_SDPA + FORBID_COURSE,
-             error_hint_fn=_scan_error_hint, kind="build"),
+    Exercise("10_chunked_scan", 3, "Causal linear attention as a chunked scan: the chunk step",
+             "a function chunk_step(S, z, phi_q, phi_k, v) -> (out, S_new, z_new)",
+             _scan_cases, _scan_drive, _scan_expected, _scan_judge, forbidden=FORBID_SDPA + FORBID_COURSE,
+             kind="build"),
 ]
