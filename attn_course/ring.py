@@ -1,18 +1,15 @@
-"""Attention across processes: ring attention and DeepSpeed-Ulysses on ``torch.distributed`` (the mechanism).
+"""Ring attention and DeepSpeed-Ulysses on ``torch.distributed``: each of P ranks holds L/P positions of q, k, v.
 
-Each of P ranks holds ``L/P`` positions of q, k, v. **Ring attention** (Liu, Zaharia & Abbeel 2023): at step t
-rank r holds the K/V shard of rank ``(r − t) mod P``, attends its queries to it with lesson 08's tiled kernel
-(which returns the log-sum-exp) and passes it to rank r + 1 while receiving the next (overlapped). Partials
-merge exactly by their log-sum-exps. Causal: future key blocks are skipped; the *zigzag* layout (chunks r and
-2P−1−r of 2P) balances the work. The backward ring recomputes blocks; dK, dV travel with K, V.
-**Ulysses** (Jacobs et al. 2023): all-to-all from sequence shards to head shards (H divisible by P), local
-attention, all-to-all back. Every function is called on every rank of ``group`` (gloo on CPU, NCCL on CUDA).
-Layouts and traffic: :mod:`attn_course.ring_layout`; launcher, verifier, CLI: :mod:`attn_course.ring_launch`.
-"""
+**Ring** (Liu, Zaharia & Abbeel 2023): at step t rank r holds the K/V shard of rank ``(r − t) mod P``, attends
+to it with lesson 08's tiled kernel (which returns the log-sum-exp) and passes it on to r + 1 while receiving
+the next (overlapped); partials merge by their log-sum-exps. Causal: future key blocks are skipped; the *zigzag*
+layout (chunks r and 2P−1−r of 2P) balances the work. The backward ring recomputes blocks; dK, dV travel with
+K, V. **Ulysses** (Jacobs et al. 2023): all-to-all from sequence to head shards (H divisible by P), local
+attention, all-to-all back. Call every function on every rank of ``group`` (gloo on CPU, NCCL on CUDA).
+Layouts, traffic: :mod:`.ring_layout`; launcher, verifier, CLI (``-m attn_course.ring``): :mod:`.ring_launch`."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -22,11 +19,10 @@ from .flash import flash_attention_backward, flash_attention_forward
 from .ring_layout import (LAYOUTS, _chunks, _pairs, ring_comm_bytes, ring_plan, ring_schedule, shard,
                           shard_positions, ulysses_comm_bytes, work_per_rank)
 
-__all__ = ["ring_attention", "ulysses_attention", "shard_positions", "shard", "merge_partials",
-           "ring_schedule", "comm_stats", "reset_comm_stats", "launch", "ring_comm_bytes",
-           "ulysses_comm_bytes", "verify", "ring_plan", "work_per_rank", "LAYOUTS", "choose_backend",
-           "rank_device", "reference_rows", "main"]
 _LAUNCH = ("launch", "verify", "choose_backend", "rank_device", "reference_rows", "main")
+__all__ = ["ring_attention", "ulysses_attention", "shard_positions", "shard", "merge_partials", "ring_schedule",
+           "comm_stats", "reset_comm_stats", "ring_comm_bytes", "ulysses_comm_bytes", "ring_plan", "work_per_rank",
+           "LAYOUTS", *_LAUNCH]
 
 
 def __getattr__(name):                         # the launcher imports this module: re-exported lazily
@@ -51,24 +47,17 @@ def merge_partials(out1: torch.Tensor, lse1: torch.Tensor, out2: torch.Tensor, l
     return w1 * out1 + w2 * out2, lse
 
 
-@dataclass
-class _Stats:
-    bytes_sent: int = 0
-    score_entries: int = 0           # query·key pairs whose score this rank computed (forward)
-
-
-_STATS = _Stats()
+_STATS = {"bytes_sent": 0, "score_entries": 0}   # bytes this rank sent; q·k scores it computed (forward)
 
 
 def comm_stats() -> dict:
     """What this process did since :func:`reset_comm_stats`: ``bytes_sent`` (point-to-point and all-to-all
     payload this rank sent) and ``score_entries`` (q·k scores it computed in the forward pass, over all batches and heads: its work)."""
-    return {"bytes_sent": _STATS.bytes_sent, "score_entries": _STATS.score_entries}
+    return dict(_STATS)
 
 
 def reset_comm_stats() -> None:
-    _STATS.bytes_sent = 0
-    _STATS.score_entries = 0
+    _STATS.update(bytes_sent=0, score_entries=0)
 
 
 def _group_info(group):
@@ -86,7 +75,7 @@ def _start_shift(buf: torch.Tensor, rank: int, world: int, group):
     ops = [dist.P2POp(dist.isend, buf, dist.get_global_rank(g, to), group),
            dist.P2POp(dist.irecv, recv, dist.get_global_rank(g, frm), group)]
     reqs = dist.batch_isend_irecv(ops)
-    _STATS.bytes_sent += buf.numel() * buf.element_size()
+    _STATS["bytes_sent"] += buf.numel() * buf.element_size()
     return recv, reqs
 
 
@@ -125,7 +114,7 @@ def _ring_forward(q, k, v, is_causal, layout, group):
             out[..., qs, :], lse[..., qs] = merge_partials(out[..., qs, :], lse[..., qs], o.to(acc), l.to(acc))
             c = qs.stop - qs.start                                              # per (batch, head):
             n = c * (c + 1) // 2 if diag else c * (ks.stop - ks.start)          # the diagonal block: c(c+1)/2
-            _STATS.score_entries += n * math.prod(q.shape[:-2])
+            _STATS["score_entries"] += n * math.prod(q.shape[:-2])
         if t < world - 1:
             _wait(reqs)
             kv = nxt
@@ -213,7 +202,7 @@ def _all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group) -> to
     ins = [t.contiguous() for t in x.chunk(world, dim=scatter_dim)]
     outs = [torch.empty_like(ins[0]) for _ in range(world)]
     dist.all_to_all(outs, ins, group=group)
-    _STATS.bytes_sent += sum(t.numel() * t.element_size() for j, t in enumerate(ins) if j != rank)
+    _STATS["bytes_sent"] += sum(t.numel() * t.element_size() for j, t in enumerate(ins) if j != rank)
     return torch.cat(outs, dim=gather_dim)
 
 
@@ -248,3 +237,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_c
     qh, kh, vh = (_AllToAll.apply(t, 1, 2, group) for t in (q, k, v))           # (B, H/P, L, E)
     oh = F.scaled_dot_product_attention(qh, kh, vh, is_causal=is_causal)         # (B, H/P, L, Ev)
     return _AllToAll.apply(oh, 2, 1, group)                                      # (B, H, L/P, Ev)
+
+
+if __name__ == "__main__":                     # python -m attn_course.ring / torchrun -m attn_course.ring
+    raise SystemExit(__getattr__("main")())

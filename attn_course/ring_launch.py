@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .ring import comm_stats, reset_comm_stats, ring_attention, ulysses_attention
-from .ring_layout import LAYOUTS, shard, shard_positions
+from .ring_layout import LAYOUTS, ring_comm_bytes, shard, shard_positions, ulysses_comm_bytes
 
 __all__ = ["launch", "verify", "choose_backend", "rank_device", "reference_rows", "main"]
 
