@@ -152,7 +152,7 @@ def crossover(E, Ev):
         L += 1
     return L - 1
 ''', "last L where softmax"), ('''
-from attn_course import bench_linear
+from attn_course.bench import linear as bench_linear
 def crossover(E, Ev):
     L = 1
     while 4 * L * E * Ev + 3 * L * E >= 2 * L * L * (E + Ev):

@@ -7,7 +7,7 @@ import torch
 
 from attn_course import bench
 from attn_course.bench import runner
-from attn_course.grading import cli
+from attn_course import cli
 
 
 def _fake_suite(log, *, fail=(), skip=()):
@@ -120,15 +120,32 @@ def test_help_lists_the_suites_and_the_defaults(capsys):
         cli.main(["bench", "--help"])
     assert exc.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    for needle in ("--suite {attention,sparse,linear,all}", "default: attention", "--full", "--repeats",
+    for needle in ("--suite {attention,sparse,linear,flash,notebooks,all}", "default: attention", "--full", "--repeats",
                    "(default: 7)", "--threads", "default: 1;", "--warmup", "sparse suite", "--window",
                    "default: 256", "1.5 to 5 minutes", "about 23 minutes", "attention 512 1024 2048 4096;"):
         assert needle in text, needle
-    for thin in ("bench_sparse", "bench_linear"):                  # the lessons' modules reach the same runner
-        module = __import__(f"attn_course.{thin}", fromlist=["main"])
-        with pytest.raises(SystemExit):
-            module.main(["--help"])
-        assert "--suite {attention,sparse,linear,all}" in capsys.readouterr().out
+    for shim in ("bench_sparse", "bench_linear"):                   # one entry: the shims are gone
+        with pytest.raises(ImportError):
+            __import__(f"attn_course.{shim}")
+
+
+def test_the_console_script_dispatches_every_command(capsys):
+    """attn_course.cli is the console script; grading's CLI knows only release and grade (grading imports
+    neither bench nor ring)."""
+    import subprocess
+    import sys
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    assert all(c in text for c in ("release", "grade", "ring", "bench"))
+    code = ("import sys, attn_course.grading.cli; "
+            "print(sorted(m for m in sys.modules if m.startswith(('attn_course.bench', 'attn_course.ring'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+    from attn_course.grading import cli as grading_cli
+    with pytest.raises(SystemExit):
+        grading_cli.main(["bench"])
 
 
 def test_bad_arguments_name_the_value():
@@ -136,6 +153,8 @@ def test_bad_arguments_name_the_value():
         cli.main(["bench", "--suite", "sparse", "--methods", "flash", "--quiet"])
     with pytest.raises(SystemExit, match="--methods needs one --suite"):
         cli.main(["bench", "--suite", "all", "--methods", "naive"])
+    with pytest.raises(SystemExit, match="--timeout must be positive"):
+        cli.main(["bench", "--timeout", "0"])
     with pytest.raises(SystemExit, match="--lengths must be positive"):
         cli.main(["bench", "--lengths", "0"])
     with pytest.raises(SystemExit, match="--window must be positive"):

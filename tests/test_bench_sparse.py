@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from attn_course import bench
-from attn_course.grading import cli
-from attn_course.bench_sparse import (RECORDED_SPARSE_CPU, SPARSE_METHODS, check_sparse, format_sparse,
+from attn_course import cli
+from attn_course.bench.sparse import (RECORDED_SPARSE_CPU, SPARSE_METHODS, check_sparse, format_sparse,
                                       load_recorded_sparse, measure_sparse)
 
 

@@ -194,8 +194,8 @@ def _public_modules() -> list[str]:
     out = []
     for m in pkgutil.walk_packages(attn_course.__path__, "attn_course."):
         parts = m.name.split(".")
-        if any(p.startswith("_") for p in parts[1:]) or m.name in ("attn_course.bench_sparse", "attn_course.bench_linear"):
-            continue                                       # private, or a re-export shim the page names
+        if any(p.startswith("_") for p in parts[1:]):
+            continue                                       # private
         if re.fullmatch(r"attn_course\.grading\.exercises\.lesson\d\d", m.name):
             continue                                       # the exercises themselves: in the exercise notebooks
         out.append(m.name)

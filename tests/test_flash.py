@@ -252,6 +252,108 @@ def test_value_errors(kwargs, match):
         flash_attention_forward(q, k, v, **args)
 
 
+# ---- the tuned forward (attn_course.flash_tuned) ----
+
+from attn_course import flash_tuned  # noqa: E402
+from attn_course.flash_tuned import flash_attention_tuned  # noqa: E402
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_tuned_fp64_matches_sdpa_on_random_shapes(seed, is_causal, lazy):
+    """Random (B, H, Lq, Lk, E, Ev) and tiles, L rarely a multiple of the tile; scores of scale up to 4 so
+    that some later tiles raise the maximum (the lazy path's exact recompute)."""
+    g = torch.Generator().manual_seed(seed)
+    B, H = (int(x) for x in torch.randint(1, 4, (2,), generator=g))
+    Lq, Lk = (int(x) for x in torch.randint(1, 130, (2,), generator=g))
+    E, Ev = (int(x) for x in torch.randint(1, 17, (2,), generator=g))
+    bq, bk = (int(x) for x in torch.randint(1, 48, (2,), generator=g))
+    q, k, v = (torch.randn(B, H, L, e, dtype=torch.float64, generator=g) * 2
+               for L, e in ((Lq, E), (Lk, E), (Lk, Ev)))
+    out = flash_attention_tuned(q, k, v, is_causal=is_causal, block_q=bq, block_k=bk, lazy_rescale=lazy)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    torch.testing.assert_close(out, ref, **TOL[torch.float64])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_tuned_low_precision_matches_sdpa(dtype, is_causal):
+    q, k, v = _qkv((2, 3, 300, 16), 300, dtype=dtype, grad=False)
+    out = flash_attention_tuned(q, k, v, is_causal=is_causal, block_q=64, block_k=96)
+    assert out.dtype == dtype
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=is_causal).to(dtype)
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+
+
+def test_tuned_default_tiles_and_custom_scale_and_three_dims():
+    q, k, v = _qkv((3, 600, 8), 700, Ev=5, grad=False)
+    out = flash_attention_tuned(q, k, v, scale=0.3)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, scale=0.3), **TOL[torch.float64])
+
+
+def test_tuned_lazy_rescale_recomputes_a_tile_whose_scores_outgrow_the_maximum(monkeypatch):
+    """Scores that grow along the keys (key j ∝ j): every later tile overflows the first tile's maximum, so
+    every tile takes the exact step — and the result still equals SDPA; random scores never do."""
+    calls = []
+    real = flash_tuned._exact_step
+    monkeypatch.setattr(flash_tuned, "_exact_step", lambda *a, **kw: calls.append(kw["first"]) or real(*a, **kw))
+    u = torch.randn(1, 1, 1, 8, dtype=torch.float64)
+    q = u.expand(1, 1, 16, 8)
+    k = u * torch.arange(64, dtype=torch.float64).view(1, 1, 64, 1) * 2
+    v = torch.randn(1, 1, 64, 4, dtype=torch.float64)
+    out = flash_attention_tuned(q, k, v, block_q=16, block_k=8)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), **TOL[torch.float64])
+    assert calls.count(True) == 1 and calls.count(False) == 7          # 1 query block × 8 key tiles
+    calls.clear()
+    q, k, v = _qkv((1, 1, 16, 8), 64, grad=False)
+    flash_attention_tuned(q, k, v, block_q=16, block_k=8)
+    assert calls == [True]                                              # only the first tile: no rescale
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("shape_q,Lk", [((2, 3, 0, 4), 5), ((2, 3, 4, 4), 0), ((0, 3, 4, 4), 4), ((2, 3, 0, 4), 0)])
+def test_tuned_empty_inputs_like_sdpa(shape_q, Lk, is_causal):
+    q, k, v = _qkv(shape_q, Lk, Ev=3, grad=False)
+    out = flash_attention_tuned(q, k, v, is_causal=is_causal)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    assert out.shape == ref.shape
+    torch.testing.assert_close(out, ref)
+
+
+def test_tuned_skips_causal_tiles_and_masks_only_the_diagonal():
+    """Causal: per query block of 16, the key tiles before it (8 wide) and one diagonal 16×16 tile."""
+    q, k, v = _qkv((1, 1, 64, 4), 64, grad=False)
+    for is_causal, tiles in ((False, 4 * 8), (True, sum(q0 // 8 + 1 for q0 in range(0, 64, 16)))):
+        rec = _Recorder()
+        with rec:
+            flash_attention_tuned(q, k, v, is_causal=is_causal, block_q=16, block_k=8)
+        assert rec.ops.count("baddbmm") == tiles                        # one S − m = Q Kᵀ − m per tile
+        assert rec.ops.count("masked_fill_") == (4 if is_causal else 0)
+
+
+def test_tuned_memory_is_one_tile_not_quadratic():
+    """The largest tensor created: the output/Kᵀ (L × E) or the one score tile, whatever L is."""
+    for L in (256, 1024):
+        q, k, v = _qkv((1, 2, L, 8), L, grad=False)
+        rec = _Recorder()
+        with rec:
+            flash_attention_tuned(q, k, v, block_q=32, block_k=64)
+        assert max(rec.numels) == max(2 * L * 8, 2 * 32 * 64), (L, max(rec.numels))
+
+
+def test_tuned_value_errors():
+    q = torch.randn(1, 2, 5, 8)
+    with pytest.raises(ValueError, match=r"q and k must have the same embedding size E.*E=8.*E=6"):
+        flash_attention_tuned(q, torch.randn(1, 2, 5, 6), torch.randn(1, 2, 5, 6))
+    with pytest.raises(ValueError, match=r"block_k must be a positive integer, got 0"):
+        flash_attention_tuned(q, q, q, block_k=0)
+    with pytest.raises(ValueError, match=r"forward-only"):
+        flash_attention_tuned(q.clone().requires_grad_(), q, q)
+    with torch.no_grad():
+        flash_attention_tuned(q.clone().requires_grad_(), q, q)          # no graph to lose: fine
+
+
 # ---- IO simulation (attn_course.iosim) ----
 
 from attn_course import iosim  # noqa: E402

@@ -124,7 +124,7 @@ def test_environment_resolves_on_the_lowest_and_highest_python_it_allows(tmp_pat
 
 def test_console_script_and_package_data():
     proj = _pyproject()["project"]
-    assert proj["scripts"]["attn-course"] == "attn_course.grading.cli:main"
+    assert proj["scripts"]["attn-course"] == "attn_course.cli:main"
     assert {"lab", "dev", "triton", "book"} <= set(proj["optional-dependencies"])
 
 

@@ -193,7 +193,7 @@ def test_retraining_at_a_reduced_size_reproduces_the_recorded_loss(tmp_path):
 
 
 def test_train_lm_command_line(tmp_path, capsys):
-    from attn_course.grading.cli import main
+    from attn_course.cli import main
     with pytest.raises(SystemExit):
         main(["train-lm", "--variant", "nope"])
     with pytest.raises(SystemExit):

@@ -157,7 +157,7 @@ def test_outside_a_process_group_the_error_says_how_to_start_one():
 
 def test_cli_and_torchrun_print_the_same_verified_table(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cli = subprocess.run([sys.executable, "-m", "attn_course.grading.cli", "ring", "--world-size", "2",
+    cli = subprocess.run([sys.executable, "-m", "attn_course.cli", "ring", "--world-size", "2",
                           "--seq-len", "64", "--causal", "--layout", "zigzag", "--repeats", "1"],
                          capture_output=True, text=True, timeout=240, env=env)
     assert cli.returncode == 0, cli.stderr

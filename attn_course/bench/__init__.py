@@ -4,9 +4,11 @@
   row timed in interleaved rounds at a fixed thread count, median and spread), records (the machine with the
   rows) and checks its targets;
 * :mod:`.attention` — naive vs ``flash_attention`` vs SDPA (lesson 08; the default suite);
-* :mod:`.sparse` — sliding-window attention five ways (lesson 09; also :mod:`attn_course.bench_sparse`);
-* :mod:`.linear` — linear attention vs SDPA vs naive (lesson 10; also :mod:`attn_course.bench_linear`);
-* :mod:`.cli` — the command line: ``attn-course bench [--suite attention|sparse|linear|all] [--full] ...``.
+* :mod:`.sparse` — sliding-window attention five ways (lesson 09);
+* :mod:`.linear` — linear attention vs SDPA vs naive (lesson 10);
+* :mod:`.flash` — the FlashAttention forward against SDPA, one tuning step at a time (lesson 08);
+* :mod:`.notebooks` — every notebook executed headless, its wall time recorded with the machine;
+* :mod:`.cli` — the command line: ``attn-course bench [--suite attention|sparse|linear|flash|notebooks|all] ...``.
 
 The names lessons use live here, as before the package: :func:`time_call`, :func:`median_time`,
 :func:`largest_tensor_created`, :func:`measure`, :data:`METHODS`, :func:`format_table`,
@@ -17,7 +19,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import attention as _attention
+from . import flash as _flash
 from . import linear as _linear
+from . import runner as _runner
 from . import sparse as _sparse
 from .attention import (COLUMNS, METHODS, RECORDED_CPU, SDPA_BACKENDS, TARGETS, _method, _naive, check_targets,
                         format_table, measure, table_rows)
@@ -30,15 +34,14 @@ __all__ = ["main", "measure", "largest_tensor_created", "run_benchmark", "format
            "COLUMNS", "time_call", "median_time", "default_device", "measure_row", "measure_in_subprocess",
            "run_suite", "machine_info", "describe_machine", "SDPA_BACKENDS", "SUITES", "Suite", "Case"]
 
-SUITES: dict[str, Suite] = {s.name: s for s in (_attention.SUITE, _sparse.SUITE, _linear.SUITE)}
+SUITES: dict[str, Suite] = {s.name: s for s in (_attention.SUITE, _sparse.SUITE, _linear.SUITE, _flash.SUITE)}
 
 
 def load_recorded(path: str | Path = RECORDED_CPU) -> tuple[dict, list[dict]]:
     """``(args, rows)`` of a recorded run (``attn-course bench --json PATH``). The package ships the course's
     reference run on a 2-core CPU (:data:`RECORDED_CPU`), so a lesson can print measured numbers without
     spending minutes measuring them again; :func:`load_record` also returns the machine it ran on."""
-    data = load_record(path)
-    return data["args"], data["rows"]
+    return _runner.load_recorded(path)
 
 
 def run_benchmark(*, lengths=(512, 1024, 2048, 4096, 8192), modes=("fwd", "fwd+bwd"), causal=(False, True),

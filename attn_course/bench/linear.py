@@ -19,9 +19,10 @@ import math
 from pathlib import Path
 
 from .runner import Case, Suite, evaluate_targets, markdown_table, measure_row, method_columns
+from .runner import load_recorded as _load_recorded
 
 __all__ = ["SUITE", "METHODS", "TARGETS", "COLUMNS", "RECORDED_CPU", "measure", "table_rows", "format_table",
-           "check_targets"]
+           "check_targets", "load_recorded"]
 
 METHODS = ("linear", "sdpa", "naive", "linear_half")
 COLUMNS = ("causal", "L", "linear ms", "sdpa ms", "naive ms", "linear MiB", "sdpa MiB", "naive MiB",
@@ -128,6 +129,12 @@ def format_table(rows: list[dict]) -> str:
 def check_targets(rows: list[dict]) -> list[tuple[str, float | None, bool]]:
     """Evaluate :data:`TARGETS`: ``(description, measured value or None, passed)``."""
     return evaluate_targets(TARGETS, {(t["causal"], t["L"]): t for t in table_rows(rows)})
+
+
+def load_recorded(path: str | Path = RECORDED_CPU) -> tuple[dict, list[dict]]:
+    """``(args, rows)`` of a recorded run (``attn-course bench --suite linear --json PATH``); the package ships
+    the course's 2-core CPU run (lesson 10 prints it)."""
+    return _load_recorded(path)
 
 
 def _header(args: dict) -> str:

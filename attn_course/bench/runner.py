@@ -48,7 +48,7 @@ from typing import Callable
 
 __all__ = ["Case", "Suite", "time_call", "median_time", "largest_tensor_created", "default_device",
            "measure_row", "measure_in_subprocess", "run_suite", "machine_info", "save_record", "load_record",
-           "evaluate_targets", "FORMAT"]
+           "load_recorded", "evaluate_targets", "FORMAT"]
 
 FORMAT = 2                                   # version of the recording format (the unversioned one was 1)
 
@@ -360,6 +360,13 @@ def load_record(path: str | Path) -> dict:
     data.setdefault("machine", {})
     data.setdefault("suite", None)
     return data
+
+
+def load_recorded(path: str | Path) -> tuple[dict, list[dict]]:
+    """``(args, rows)`` of a recording: what a lesson prints instead of measuring again (each suite ships the
+    course's reference run, ``Suite.recorded``)."""
+    data = load_record(path)
+    return data["args"], data["rows"]
 
 
 def evaluate_targets(targets, flat: dict) -> list[tuple[str, float | None, bool]]:

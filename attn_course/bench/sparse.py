@@ -20,10 +20,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .runner import Case, Suite, evaluate_targets, measure_row
+from .runner import Case, Suite, evaluate_targets, load_recorded, measure_row
 
 __all__ = ["SUITE", "SPARSE_METHODS", "SPARSE_TARGETS", "RECORDED_SPARSE_CPU", "measure_sparse", "format_sparse",
-           "check_sparse"]
+           "check_sparse", "load_recorded_sparse"]
 
 SPARSE_METHODS = ("naive", "sdpa_mask", "sdpa_causal", "flex", "flash_window", "flash_causal")
 RECORDED_SPARSE_CPU = Path(__file__).resolve().parents[1] / "data" / "bench_sparse_cpu_2core.json"
@@ -109,6 +109,11 @@ def measure_sparse(method: str, *, L: int, window: int = 256, batch: int = 1, he
     if "error" in cell:
         raise RuntimeError(f"{method} at L={L} failed: {cell['error']}")
     return {"method": method, "L": L, **cell}
+
+
+def load_recorded_sparse(path: str | Path = RECORDED_SPARSE_CPU) -> tuple[dict, list[dict]]:
+    """``(args, rows)`` of a recorded run; the package ships the course's 2-core CPU run (lesson 09 prints it)."""
+    return load_recorded(path)
 
 
 def _ratio(r, a, b):

@@ -1,11 +1,14 @@
-"""The ``attn-course`` command: ``release [--check]``, ``grade SUBMISSION... --out DIR``, ``bench ...``,
-``ring ...``, ``train-lm --variant ...``."""
+"""The grading half of the ``attn-course`` command: ``release [--check]`` and ``grade SUBMISSION... --out DIR``.
+
+The console script is :mod:`attn_course.cli`, which adds ``ring`` and ``bench``; ``python -m
+attn_course.grading.cli`` runs the two grading commands alone (grading imports neither the ring nor the
+benchmarks)."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-__all__ = ["main"]
+__all__ = ["main", "add_commands", "run"]
 
 
 def _at_least(lo, kind=float):
@@ -21,10 +24,8 @@ def _at_least(lo, kind=float):
     return parse
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="attn-course", description="Tools of the attention course.")
-    sub = p.add_subparsers(dest="command", required=True)
-
+def add_commands(sub) -> None:
+    """Add ``release`` and ``grade`` to an ``add_subparsers()`` object (the ``attn-course`` parser's)."""
     r = sub.add_parser("release", help="build exercises/ from solutions/")
     r.add_argument("--check", action="store_true", help="only compare; exit 1 if exercises/ is stale")
     r.add_argument("--root", default=None, help="course checkout (default: found upwards from cwd)")
@@ -46,28 +47,17 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--root", default=None, help="course checkout holding solutions/ (default: found upwards from cwd)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    sub.add_parser("ring", help="ring attention on P local processes (forwarded to attn_course.ring)",
-                   add_help=False).add_argument("args", nargs=argparse.REMAINDER)
-    b = sub.add_parser("bench", help="benchmarks: --suite attention (default), sparse, linear or all "
-                       "(attn_course.bench; `attn-course bench --help`)", add_help=False)
-    b.add_argument("args", nargs=argparse.REMAINDER)
-    sub.add_parser("train-lm", help="retrain a pretrained course LM: --variant plain|gated|sink [--out DIR] [--steps N] "
-                   "(attn_course.pretrained)", add_help=False).add_argument("args", nargs=argparse.REMAINDER)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="attn-course", description="Grading tools of the attention course "
+                                "(the full command: attn_course.cli).")
+    add_commands(p.add_subparsers(dest="command", required=True))
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:                      # forward everything, --suite and --help included
-        from ..bench import main as bench_main
-        return int(bench_main(argv[1:]) or 0)
-    if argv[:1] == ["train-lm"]:
-        from .. import pretrained
-        return int(pretrained.main(argv[1:]) or 0)
-    if argv[:1] == ["ring"]:
-        from .. import ring
-        return int(ring.main(argv[1:]) or 0)
-    args = _parser().parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """Run a parsed ``release`` or ``grade`` command."""
     if args.command == "release":
         if args.check_published:
             from .publish import check_published
@@ -76,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         return release(args.root, check=args.check)
     from .runner import grade_cli
     return grade_cli(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(_parser().parse_args(list(sys.argv[1:] if argv is None else argv)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,171 @@
+"""``attn-course bench --suite notebooks``: how long each notebook takes to run, recorded with the machine.
+
+Every notebook (default: ``notebooks/`` and ``exercises/`` of the checkout; ``--solutions`` adds
+``solutions/``) is executed headless with ``nbclient`` (a fresh kernel each, as "Restart & Run All" does;
+``nbclient`` is in the ``dev`` extra), in the notebook's folder. Each row records the wall time (kernel start
+included, and separately), the cells, and the load average before and after; the run records the machine
+(CPU model, cores and the cores this process may use, torch, the threads torch uses by default, the load
+average). The recording is saved after every notebook to ``attn_course/data/notebook_times.json``
+(``--taskset-one-core``: ``notebook_times_one_core.json``; ``--json PATH`` elsewhere); a table is printed.
+
+``--taskset-one-core`` pins the run and every kernel it starts to CPU 0 (``os.sched_setaffinity``, inherited
+by the kernels: the same as ``taskset -c 0 attn-course bench --suite notebooks``), which stands in for a
+slower machine: torch then uses one thread. ``--check`` compares with the course's bars: a lesson
+≤ 30 s (≤ 60 s at most), an exercise notebook ≤ 15 s.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["RECORDED_NOTEBOOKS", "RECORDED_NOTEBOOKS_ONE_CORE", "TARGETS", "find_notebooks", "run_notebook",
+           "run_notebooks", "format_notebooks", "check_notebooks"]
+
+_DATA = Path(__file__).resolve().parents[1] / "data"
+RECORDED_NOTEBOOKS = _DATA / "notebook_times.json"
+RECORDED_NOTEBOOKS_ONE_CORE = _DATA / "notebook_times_one_core.json"
+
+# (description, folder, seconds): every notebook of the folder at most that long (issue 42; the bar is 60 s)
+TARGETS = (("lessons (notebooks/) <= 30 s each", "notebooks", 30.0),
+           ("lessons (notebooks/) <= 60 s each (the bar)", "notebooks", 60.0),
+           ("exercises (exercises/) <= 15 s each", "exercises", 15.0))
+
+
+def find_notebooks(root: str | Path, *, solutions: bool = False) -> list[Path]:
+    """The numbered notebooks of ``root``'s ``notebooks/`` and ``exercises/`` (and ``solutions/``), in order."""
+    root = Path(root)
+    folders = ("notebooks", "exercises", "solutions") if solutions else ("notebooks", "exercises")
+    return [p for f in folders for p in sorted((root / f).glob("[0-9][0-9]_*.ipynb"))]
+
+
+def _load() -> list[float] | None:
+    with contextlib.suppress(OSError, AttributeError):
+        return [round(x, 2) for x in os.getloadavg()]
+    return None
+
+
+def run_notebook(path: str | Path, *, timeout: float = 600.0, kernel_name: str = "python3") -> dict:
+    """Execute one notebook headless in a fresh kernel (its outputs are not saved) and time it:
+    ``{"wall_s", "kernel_start_s", "cells", "load_avg_before", "load_avg_after"}``, plus ``"error"`` (the
+    first line of the failing cell's error) if a cell raised or ran past ``timeout`` seconds."""
+    import nbformat
+    from nbclient import NotebookClient
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name,
+                            resources={"metadata": {"path": str(path.parent)}})
+    row = {"load_avg_before": _load(), "cells": sum(c.cell_type == "code" for c in nb.cells)}
+    t0 = time.perf_counter()
+    try:
+        with client.setup_kernel():
+            row["kernel_start_s"] = round(time.perf_counter() - t0, 3)
+            for index, cell in enumerate(nb.cells):
+                client.execute_cell(cell, index)
+    except Exception as exc:                                      # noqa: BLE001 - recorded in the row
+        row["error"] = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[-1]}"[:300]
+    row["wall_s"] = round(time.perf_counter() - t0, 3)
+    row["load_avg_after"] = _load()
+    return row
+
+
+def run_notebooks(paths, *, root: str | Path, timeout: float = 600.0, one_core: bool = False,
+                  path: str | Path | None = None, progress=None) -> dict:
+    """Time every notebook of ``paths`` (one after the other), recording after each one to ``path``.
+    Returns the recording: ``{"format", "suite": "notebooks", "args", "machine", "rows"}``; a row's
+    ``notebook`` is relative to ``root``."""
+    with _pinned(one_core):
+        return _run(paths, root=root, timeout=timeout, one_core=one_core, path=path, progress=progress)
+
+
+@contextlib.contextmanager
+def _pinned(one_core: bool):
+    """With ``one_core``: this process (and the kernels it starts, which inherit it) on its first usable CPU;
+    the affinity is restored afterwards."""
+    if not one_core:
+        yield
+        return
+    old = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(old)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, old)
+
+
+def _run(paths, *, root, timeout, one_core, path, progress) -> dict:
+    from .runner import machine_info, save_record
+    machine = machine_info("cpu", None)
+    machine["threads"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    machine["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS")
+    args = {"timeout": timeout, "taskset_one_core": one_core, "kernel": "python3", "executor": "nbclient"}
+    rows = []
+    for nb in map(Path, paths):
+        name = nb.resolve().relative_to(Path(root).resolve()).as_posix() if nb.resolve().is_relative_to(
+            Path(root).resolve()) else str(nb)
+        if progress:
+            progress(f"notebooks: {name}")
+        rows.append({"notebook": name, **run_notebook(nb, timeout=timeout)})
+        machine["load_avg_end"] = rows[-1]["load_avg_after"]
+        if path is not None:
+            save_record(path, "notebooks", args, machine, rows)
+    return {"format": 2, "suite": "notebooks", "args": args, "machine": machine, "rows": rows}
+
+
+def format_notebooks(rows: list[dict]) -> str:
+    """Markdown: notebook, wall seconds, kernel start, code cells, load average before → after, status."""
+    def load(x):
+        return "—" if not x else f"{x[0]:.1f}"
+    lines = ["| notebook | wall s | kernel start s | code cells | load before → after | status |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['notebook']} | {r['wall_s']:.1f} | {r.get('kernel_start_s', float('nan')):.1f} | "
+                     f"{r['cells']} | {load(r.get('load_avg_before'))} → {load(r.get('load_avg_after'))} | "
+                     f"{r.get('error', 'ok')} |")
+    total = sum(r["wall_s"] for r in rows)
+    return "\n".join(lines + [f"\ntotal: {total:.0f} s for {len(rows)} notebooks"])
+
+
+def check_notebooks(rows: list[dict]) -> list[tuple[str, float | None, bool]]:
+    """Per target: ``(description, the slowest such notebook's seconds or None, passed)``; a notebook that
+    failed never passes."""
+    out = []
+    for desc, folder, limit in TARGETS:
+        mine = [r for r in rows if r["notebook"].split("/")[-2:-1] == [folder]]
+        worst = max((r["wall_s"] for r in mine), default=None)
+        ok = worst is not None and worst <= limit and not any("error" in r for r in mine)
+        out.append((desc, worst, ok))
+    return out
+
+
+def main(ns) -> int:
+    """``attn-course bench --suite notebooks`` (``ns``: the bench parser's namespace)."""
+    try:
+        import nbclient  # noqa: F401
+    except ImportError:
+        raise SystemExit("attn-course bench --suite notebooks needs nbclient: pip install -e '.[dev]'") from None
+    root = Path(ns.root or ".")
+    paths = [Path(p) for p in ns.notebooks] if ns.notebooks else find_notebooks(root, solutions=ns.solutions)
+    if not paths:
+        raise SystemExit(f"attn-course bench --suite notebooks: no notebooks found under {root.resolve()} "
+                         "(run it from the course checkout, or pass --root or --notebooks)")
+    out = Path(ns.json) if ns.json else (RECORDED_NOTEBOOKS_ONE_CORE if ns.taskset_one_core else RECORDED_NOTEBOOKS)
+    progress = None if ns.quiet else (lambda msg: print(f"running {msg}", file=sys.stderr, flush=True))
+    timeout = ns.timeout or 600.0
+    record = run_notebooks(paths, root=root, timeout=timeout, one_core=ns.taskset_one_core, path=out,
+                           progress=progress)
+    from .runner import describe_machine
+    print(f"[notebooks] executed headless with nbclient, one fresh kernel each"
+          f"{', pinned to one core' if ns.taskset_one_core else ''}; recorded in {out}")
+    print(f"machine: {describe_machine(record['machine'])}\n")
+    print(format_notebooks(record["rows"]))
+    failed = any("error" in r for r in record["rows"])
+    if ns.check:
+        print()
+        for desc, value, ok in check_notebooks(record["rows"]):
+            print(f"{'SKIP' if value is None else 'PASS' if ok else 'FAIL'}  {desc}  "
+                  f"({'none run' if value is None else f'slowest {value:.1f} s'})")
+            failed |= value is not None and not ok
+    return 1 if failed else 0
