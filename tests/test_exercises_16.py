@@ -444,7 +444,7 @@ def test_grade_ranks_a_class_end_to_end(tmp_path):
     with open(out / "leaderboard.csv", newline="") as f:
         board = list(csv.DictReader(f))
     assert list(board[0]) == ["rank", "within noise of", "student_id", "parameters", "KV bytes/token", "held-out loss",
-                              "± 2 s.e.", "GFLOP per batch", "within budget", "points"]
+                              "± 2 s.e.", "seed s.d.", "GFLOP per batch", "within budget", "points"]
     by = {r["student_id"]: r for r in board}
     reports = {s: json.loads((out / f"{s}.json").read_text()) for s in by}
     measured = {s: reports[s]["exercises"]["16_capstone"]["measured"] for s in by}
