@@ -15,6 +15,7 @@ import builtins
 import dataclasses
 import functools
 import gc
+import importlib.machinery
 import json
 import os
 import sys
@@ -32,7 +33,8 @@ def _stubs() -> None:
                        ("attn_course.grading.exercises", os.path.join(_GRADING, "exercises"))):
         if name not in sys.modules:
             m = types.ModuleType(name)
-            m.__path__, m.__package__ = [path], name
+            m.__path__, m.__package__, m.__file__ = [path], name, os.path.join(path, "__init__.py")
+            m.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)   # find_spec() sees it
             sys.modules[name] = m
     sys.modules["attn_course.grading"].check = lambda *args, **kwargs: None
 

@@ -136,6 +136,8 @@ def _audit(event, args):
 
 
 def _no_attribute(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
     raise SandboxError("course", f"`attn_course.{name}` does not exist here: learner code runs where the course's "
                                  f"own modules (its answers) do not exist")
 
