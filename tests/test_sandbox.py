@@ -18,6 +18,7 @@ EXPLOITS = {
     "aten_sdpa": ("o = torch.ones(1, 1, 2, 2)\n    torch.ops.aten.scaled_dot_product_attention(o, o, o)",
                   "no fused attention kernels"),
     "numpy_gather": ("torch.arange(100000.0).numpy()[::2]", "data stays in torch"),
+    "tensorbase_numpy": ("torch._C.TensorBase.numpy(torch.arange(100000.0))[::2]", "data stays in torch"),
     "sys_modules": ("import sys\n    sys.modules['attn_course'].attention", "no course modules"),
     "importlib": ("import importlib\n    importlib.import_module('attn_' + 'course.functional')", "no course modules"),
     "from_file": (f"import importlib.util\n    s = importlib.util.spec_from_file_location('f', {str(PKG / 'functional.py')!r})"
@@ -47,3 +48,42 @@ def test_every_way_around_is_refused_with_its_rule(ex_id, exploit, capsys):
 def _allow(ex_id):
     import importlib
     return getattr(importlib.import_module(f"attn_course.grading.exercises.lesson{ex_id[:2]}"), "SANDBOX_ALLOW", ())
+
+
+def test_the_grader_refuses_each_way_around_with_its_rule(tmp_path):
+    """``attn-course grade``: three notebooks whose build cells each run one way around the sandbox (every rule,
+    one batch) get 0 on those exercises, with the rule's name in the feedback; their other exercises still count."""
+    import nbformat
+
+    from attn_course.grading import notebook as nbk
+    from attn_course.grading.runner import Options, grade_batch
+    root = Path(__file__).resolve().parents[1]
+    plan = {"01": ["thread", "subprocess"], "03": ["flash_for_cpu", "aten_sdpa"],
+            "07": ["numpy_gather", "sys_modules", "importlib", "from_file"]}
+    subs, want = tmp_path / "subs", {}
+    subs.mkdir()
+    for lesson, exploits in plan.items():
+        path = next((root / "exercises").glob(f"{lesson}_*.ipynb"))
+        nb = nbformat.read(path, as_version=4)
+        builds = iter(zip([i for i in BUILDS if i.startswith(lesson)], exploits, strict=True))
+        for cell in nb.cells:
+            gid = nbk.grade_id(cell)
+            if gid in CELLS:
+                cell.source = CELLS[gid][1]
+                if gid in BUILDS:
+                    ex_id, exploit = next(builds)
+                    cell.source = wrapped(ex_id, EXPLOITS[exploit][0])
+                    want[ex_id] = EXPLOITS[exploit][1]
+        nbformat.write(nb, str(subs / f"exploit_{lesson}.ipynb"))
+    reports = grade_batch([subs], tmp_path / "out", Options(timeout=120, jobs=1), root=root, progress=False)
+    seen = set()
+    for r in reports:
+        assert r["error"] is None, r["error"]
+        for ex_id, e in r["exercises"].items():
+            if ex_id in want:
+                assert e["points"] == 0 and e["status"] == "forbidden", (ex_id, e)
+                assert f"rule: {want[ex_id]}" in " ".join(e["notes"]), (ex_id, e["notes"])
+                seen.add(ex_id)
+            else:
+                assert e["points"] == e["max_points"], (ex_id, e)
+    assert seen == set(want)

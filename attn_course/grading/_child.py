@@ -208,15 +208,18 @@ def serve() -> None:
     """The zygote ``check()`` keeps per kernel: imports torch once, then forks one fresh child per job.
 
     Protocol on stdin/stdout, one line each: ``JOBDIR`` in; ``pid N`` (the child, its own process group) and,
-    when it has exited, ``done STATUS`` out. The zygote runs no learner code and starts no thread, so a fork
+    when it has exited, ``done STATUS CPU_SECONDS`` out. The zygote runs no learner code and starts no thread, so a fork
     is a clean copy."""
     _stubs()
     import torch                                          # noqa: F401
     import safetensors.torch                              # noqa: F401
 
     from attn_course.grading import sandbox, spec         # noqa: F401
-    with sandbox._mode()():                               # imports what a dispatch mode needs, once
+    with sandbox.learner_call("build"):                  # imports what the modes need, once
         torch.zeros(1) + 1
+    torch.manual_seed(0)                                  # its first call imports and reads source lines
+    safetensors.torch.load(safetensors.torch.save({"x": torch.zeros(2)}))
+    gc.freeze()                        # a child's gc.collect() skips (and so does not copy) the zygote's objects
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     for line in sys.stdin:
@@ -235,8 +238,8 @@ def serve() -> None:
                 os._exit(1)
         sys.stdout.write(f"pid {pid}\n")
         sys.stdout.flush()
-        _, status = os.waitpid(pid, 0)
-        sys.stdout.write(f"done {status}\n")
+        _, status, usage = os.wait4(pid, 0)
+        sys.stdout.write(f"done {status} {usage.ru_utime + usage.ru_stime:.3f}\n")
         sys.stdout.flush()
 
 

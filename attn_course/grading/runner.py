@@ -282,6 +282,7 @@ class Zygote:
 
     def __init__(self, python: str = sys.executable):
         self.python, self.proc = python, None
+        self.cpu_s = 0.0                   # CPU seconds (user + system) of the last job's child
 
     def start(self) -> "Zygote":
         if self.proc is None or self.proc.poll() is not None:
@@ -321,7 +322,9 @@ class Zygote:
             if self._line(time.monotonic() + 10) is None:
                 self.close()
             return True, None
-        return False, os.waitstatus_to_exitcode(int(done.split()[1]))
+        _, status, self.cpu_s = done.split()
+        self.cpu_s = float(self.cpu_s)
+        return False, os.waitstatus_to_exitcode(int(status))
 
     def close(self) -> None:
         if self.proc is not None:

@@ -190,24 +190,26 @@ def lock(allow=(), hide=()) -> None:
 
 # ---- while the learner's object runs ---------------------------------------------------------------------
 
-_EXITS = ("numpy", "__array__", "tolist", "storage", "untyped_storage", "_typed_storage", "data_ptr", "__dlpack__")
+_EXITS = {"numpy", "__array__", "tolist", "storage", "untyped_storage", "_typed_storage", "data_ptr", "__dlpack__",
+          "__iter__"}
 
 
 def _install_tensor_exits(torch) -> None:
-    """Wrap the ways data leaves torch: in a build call, only tensors of at most DATA_LIMIT elements may."""
-    def wrap(name, original):
-        def exit_(self, *args, **kwargs):
-            call = _state.call
-            if call is not None and call[2] and self.numel() > DATA_LIMIT:
-                raise SandboxError("data", f"`Tensor.{name}` of a tensor of {self.numel()} elements (more than "
-                                           f"{DATA_LIMIT}): in a build exercise the data stays in torch")
-            return original(self, *args, **kwargs)
-        exit_.__name__ = name
-        return exit_
-    for name in _EXITS:
-        setattr(torch.Tensor, name, wrap(name, getattr(torch.Tensor, name)))
+    """``to_dlpack`` has no ``__torch_function__``: wrapped, as :class:`_mode`'s data rule does for the methods."""
+    original = torch._C._to_dlpack
+
+    def to_dlpack(t, *args, **kwargs):
+        _data_rule("to_dlpack", t)
+        return original(t, *args, **kwargs)
     import torch.utils.dlpack as dl
-    dl.to_dlpack = torch._C._to_dlpack = wrap("to_dlpack", torch._C._to_dlpack)
+    dl.to_dlpack = torch._C._to_dlpack = to_dlpack
+
+
+def _data_rule(name, t) -> None:
+    call = _state.call
+    if call is not None and call[2] and hasattr(t, "numel") and t.numel() > DATA_LIMIT:
+        raise SandboxError("data", f"`Tensor.{name}` of a tensor of {t.numel()} elements (more than "
+                                   f"{DATA_LIMIT}): in a build exercise the data stays in torch")
 
 
 _mode_cls = None
@@ -228,7 +230,16 @@ def _mode():
                 if name.lstrip("_") in ops:
                     raise SandboxError("op", f"`aten.{name}` is refused in this exercise (its prompt says so)")
                 return func(*args, **(kwargs or {}))
-        _mode_cls = Refuse
+        from torch.overrides import TorchFunctionMode
+
+        class KeepData(TorchFunctionMode):
+            """The data rule, for every way a tensor method is reached (``torch._C.TensorBase.numpy(t)`` too)."""
+            def __torch_function__(self, func, types_, args=(), kwargs=None):
+                name = getattr(func, "__name__", "")
+                if name in _EXITS and args:
+                    _data_rule(name, args[0])
+                return func(*args, **(kwargs or {}))
+        _mode_cls = Refuse, KeepData
     return _mode_cls
 
 
@@ -247,7 +258,9 @@ def _escape_hatches(mode):
             return original(*args, **kwargs)
         return pop
     spots = [(torch._C, "_ExcludeDispatchKeyGuard", _refuse_hatch), (torch._C, "_DisableTorchDispatch", _refuse_hatch),
-             (torch._ops.OpOverload, "redispatch", _refuse_hatch), (torch._C, "_unset_dispatch_mode", _refuse_hatch)]
+             (torch._ops.OpOverload, "redispatch", _refuse_hatch), (torch._C, "_unset_dispatch_mode", _refuse_hatch),
+             (torch._C, "DisableTorchFunction", _refuse_hatch), (torch._C, "_pop_torch_function_stack", _refuse_hatch),
+             (torch._C, "_set_torch_function_mode", _refuse_hatch)]
     spots += [(torch._C, "_pop_torch_dispatch_stack", guard_pop(torch._C._pop_torch_dispatch_stack)),
               (pd, "_pop_mode", guard_pop(pd._pop_mode))]
     return [(obj, name, new) for obj, name, new in spots if hasattr(obj, name)]
@@ -282,8 +295,9 @@ def learner_call(kind: str, forbidden=(), allow=()):
     autograd = "torch.autograd" in forbidden
     _state.call = (fused, ops, kind == "build")
     patched = []
-    mode = _mode()()
-    with mode:
+    refuse, keep_data = _mode()
+    mode = refuse()
+    with keep_data(), mode:
         try:
             for obj, name, new in _escape_hatches(mode):
                 patched.append((obj, name, getattr(obj, name)))

@@ -277,7 +277,8 @@ _zygote = None
 
 
 def zygote():
-    """This kernel's sandbox zygote (:class:`.runner.Zygote`), started on first use."""
+    """This kernel's sandbox zygote (:class:`.runner.Zygote`), started on first use — in a notebook's kernel,
+    when ``attn_course.grading`` is imported (the setup cell): it imports torch while the learner reads."""
     global _zygote
     if _zygote is None:
         import atexit
@@ -297,6 +298,7 @@ def _run(ex: Exercise, obj: Any) -> CheckResult:
     source = judged_source(obj)
     cases = held_out_cases(ex, exercise_seed(ex, source)) if result.held_out else self_check_cases(ex)
     out = run_child(program_of(ex.id, obj), {ex.id: cases}, Options(timeout=CHECK_TIMEOUT), zygote=zygote())
+    result.captured = [line[:300] for line in dict.fromkeys(out.output_tail.splitlines()) if line.strip()][:20]
     if ex.id not in out.answers:
         why = "ran past the time limit" if out.timed_out else "crashed the sandbox"
         result.cases = [CaseResult(c.name, False, f"your code {why}") for c in cases]
@@ -476,7 +478,11 @@ def check(exercise_id: str, obj: Any) -> CheckResult:
     captured: list[str] = []
     with torch.random.fork_rng(devices=[]), _quiet(captured):
         result = _run(ex, obj)
-    result.captured = captured
+    result.captured = [text for text in dict.fromkeys(result.captured + captured)]
     result.unreachable = _unreachable(exercise_id, obj)
     _show(ex, result)
     return result
+
+
+if "ipykernel" in sys.modules:
+    zygote()

@@ -79,8 +79,6 @@ class Exercise:
     #   FORBID_COURSE holds everywhere (no course module exists in the sandbox)
     all_or_nothing: bool = False
     # Optional, added by the grading-validity review (issue 18); every existing set works without them:
-    runtime_only: tuple[str, ...] = ()              # kept for old exercise sets: every rule now holds only while
-    #   the learner's object runs (the cell may compare against SDPA outside it)
     error_hint_fn: Callable[[Case, str], str | None] | None = None   # names the mistake behind an exception
     #   the learner's code raised on this case (e.g. a broadcast error that a known wrong grouping causes)
     max_numel_fn: Callable[[Case], int] | None = None   # tiling: the learner's object may not create any tensor
