@@ -1,32 +1,13 @@
 """The sandbox learner code runs in: shortcuts are made impossible, not detected (DESIGN §4).
 
-The grading child (:mod:`._child`) installs it before any learner code exists in the process — the same child
-for ``check()`` (the self-check seed) and ``attn-course grade`` (held-out seeds). After :func:`lock`:
-
-* **no course modules**: the process holds only the harness runtime (stub ``attn_course`` and
-  ``attn_course.grading`` packages whose ``check`` records nothing, ``spec``, ``guard``, this module, the
-  exercise's answer functions pruned to what they call — no reference, no judge) and the exercise set's
-  ``SANDBOX_ALLOW`` modules. Importing any other ``attn_course`` module, from any thread and through any path
-  (``import``, ``importlib``, ``__import__``, ``sys.modules``), or opening a file of the package
-  (``spec_from_file_location``, ``exec(open(...).read())``, ``inspect.getsource``) is refused: a meta-path
-  finder and an audit hook (audit hooks are process-wide).
-* **no threads or processes**: ``threading``/``_thread``/``concurrent.futures`` starts, ``os.fork``,
-  ``os.system``, ``os.exec*``, ``os.posix_spawn``, ``subprocess``, ``multiprocessing`` (audit events; the thread
-  starters, which have no event, are replaced); native code through ``ctypes`` (loading symbols, reading raw
-  memory) is refused too.
-* **no fused attention kernels** (every build exercise, and every exercise that forbids SDPA), while the
-  learner's object runs: a TorchDispatchMode refuses each aten op whose name contains one of :data:`FUSED`,
-  whatever Python path reached it (``F.``, ``torch.ops.aten.``, ``torch._C._nn.``); the Python ways around a
-  mode (popping it, excluding its dispatch key, ``OpOverload.redispatch``) are refused meanwhile. An exercise's
-  other ``forbidden`` torch functions (lesson 08's softmax) are refused the same way, by their aten names.
-* **data stays in torch** (build exercises, while the learner's object runs): ``numpy()``, ``__array__``,
-  ``tolist()``, ``storage``, ``untyped_storage``, ``data_ptr``, ``__dlpack__`` of a tensor of more than
-  :data:`DATA_LIMIT` elements (a block table, an ``.item()`` stay fine).
-
-Each refusal raises :class:`SandboxError`, whose message starts with ``rule: <name>``. What an in-process
-sandbox cannot close is listed in docs/grading.md: C-level calls reached through objects found with
-``gc.get_objects()`` (e.g. ``torch._C.TensorBase.numpy``); the step-driven builds hand the learner's step only
-what it may see, so such paths gain nothing there.
+The grading child (:mod:`._child`) calls :func:`lock` before any learner code exists in the process — the same
+child for ``check()`` and ``attn-course grade``. From then on: no course modules (only the harness runtime and
+the exercise set's ``SANDBOX_ALLOW``; a meta-path finder and an audit hook refuse the rest, in every thread and
+through every path), no threads or processes, no native code. :func:`learner_call` adds, while the learner's
+object runs on one case: no fused attention kernels and the exercise's other forbidden ops (a
+TorchDispatchMode), and in a build exercise, data stays in torch (a TorchFunctionMode: at most
+:data:`DATA_LIMIT` elements leave). Each refusal raises :class:`SandboxError` (``rule: <name> — ...``).
+The rules, why, and what an in-process sandbox cannot close: docs/grading.md, "The sandbox".
 """
 from __future__ import annotations
 

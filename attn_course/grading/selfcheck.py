@@ -31,7 +31,6 @@ import io
 import linecache
 import os
 import sys
-import tempfile
 import textwrap
 import types
 import warnings
@@ -402,42 +401,18 @@ def _show(ex: Exercise, result: CheckResult) -> None:
 
 @contextlib.contextmanager
 def _quiet(captured: list[str]):
-    """Nothing reaches stderr inside: ``sys.stderr`` writes, native writes to file descriptor 2 and
-    warnings are collected (deduplicated, each shortened to one line) into ``captured``."""
+    """Nothing this process writes to ``sys.stderr`` or warns while checking reaches stderr: it is collected
+    (deduplicated, one line each) into ``captured`` (the learner's code runs in the child, whose output is
+    collected the same way)."""
     py_err = io.StringIO()
-    fd_err = None
-    saved_fd = None
-    try:
-        sys.stderr.flush()
-    except Exception:
-        pass
-    try:                                             # native code (C++ warnings, printf) writes to fd 2
-        fd_err = tempfile.TemporaryFile()
-        saved_fd = os.dup(2)
-        os.dup2(fd_err.fileno(), 2)
-    except (OSError, ValueError, AttributeError):
-        if fd_err is not None:
-            fd_err.close()
-        fd_err, saved_fd = None, None
     try:
         with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stderr(py_err):
             warnings.simplefilter("always")
             yield
     finally:
-        native = b""
-        if saved_fd is not None:
-            os.dup2(saved_fd, 2)
-            os.close(saved_fd)
-            fd_err.seek(0)
-            native = fd_err.read(1 << 16)
-            fd_err.close()
-        seen = set()
-        texts = [f"{w.category.__name__}: {w.message}" for w in caught]
-        texts += [py_err.getvalue(), native.decode("utf-8", "replace")]
-        for text in texts:
-            text = " ".join(text.split())
-            if text and text not in seen:
-                seen.add(text)
+        texts = [f"{w.category.__name__}: {w.message}" for w in caught] + [py_err.getvalue()]
+        for text in dict.fromkeys(" ".join(t.split()) for t in texts):
+            if text:
                 captured.append(text if len(text) <= 300 else text[:297] + "...")
 
 
