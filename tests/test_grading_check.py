@@ -96,6 +96,8 @@ def test_partial_credit_and_hint(capsys):
     ("__import__('functools').partial(torch.ops.aten.scaled_dot_product_attention, q)(k, v, attn_mask=mask)",
      "no fused attention kernels"),
     ("torch._C._nn.scaled_dot_product_attention(q, k, v, attn_mask=mask)", "no fused attention kernels"),
+    ("torch.nn.MultiheadAttention(q.shape[-1], 1, batch_first=True)(q[0], k[0], v[0])[0][None]",
+     "no fused attention kernels"),
     ("__import__('attn_course').attention(q, k, v, attn_mask=mask)[0]", "no course modules"),
     ("__import__('attn_course.functional').functional.attention(q, k, v, mask)[0]", "no course modules"),
 ])

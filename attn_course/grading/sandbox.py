@@ -214,9 +214,12 @@ def _mode():
         from torch.overrides import TorchFunctionMode
 
         class KeepData(TorchFunctionMode):
-            """The data rule, for every way a tensor method is reached (``torch._C.TensorBase.numpy(t)`` too)."""
+            """The data rule, for every way a tensor method is reached (``torch._C.TensorBase.numpy(t)`` too), and
+            ``F.multi_head_attention_forward`` (nn.MultiheadAttention), fused or not, where fused kernels are refused."""
             def __torch_function__(self, func, types_, args=(), kwargs=None):
                 name = getattr(func, "__name__", "")
+                if name == "multi_head_attention_forward" and (_state.call or (False,))[0]:
+                    raise SandboxError("fused", "`nn.MultiheadAttention` is refused: write attention from its parts")
                 if name in _EXITS and args:
                     _data_rule(name, args[0])
                 return func(*args, **(kwargs or {}))
