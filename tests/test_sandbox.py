@@ -30,7 +30,7 @@ BUILDS = sorted(i for i, ex in registry().items() if ex.kind == "build" and i in
 def wrapped(ex_id: str, exploit: str) -> str:
     """The suite's correct cell for ``ex_id``, its function wrapped so that it first runs ``exploit``."""
     name, correct = CELLS[ex_id][0], CELLS[ex_id][1]
-    return correct + f"\n_right = {name}\n\ndef {name}(*args):\n    {exploit}\n    return _right(*args)\n"
+    return correct + f"\n_right_{name} = {name}\n\ndef {name}(*args):\n    {exploit}\n    return _right_{name}(*args)\n"
 
 
 @pytest.mark.parametrize("ex_id", BUILDS)
