@@ -424,3 +424,34 @@ def release(root: str | Path | None = None, *, check: bool = False, stream=None)
     print(f"released {len(sources)} notebooks into exercises/ ({len(stale) - stamped} changed); "
           f"Colab stamp updated in {stamped} notebooks", file=stream)
     return 1 if leaked else 0
+
+
+RULES_TAG = "sandbox-rules"
+
+
+def add_rules_box(nb) -> bool:
+    """Insert (or update) the sandbox rules box (``grading/rules.md``) right after the notebook's first markdown
+    cell, once; it is found again by its ``sandbox-rules`` tag. Returns True when the notebook changed."""
+    text = (Path(__file__).with_name("rules.md")).read_text(encoding="utf-8").strip()
+    found = [c for c in nb.cells if RULES_TAG in c.get("metadata", {}).get("tags", [])]
+    if found:
+        if found[0].source == text:
+            return False
+        found[0].source = text
+        return True
+    first = next((n for n, c in enumerate(nb.cells) if c.cell_type == "markdown"), -1)
+    nb.cells.insert(first + 1, nbformat.v4.new_markdown_cell(text, metadata={"tags": [RULES_TAG]}))
+    return True
+
+
+def add_rules_boxes(paths) -> list[str]:
+    """:func:`add_rules_box` on each exercise notebook in ``paths``; the names of those that changed.
+    ``python -c "import glob; from attn_course.grading.release import add_rules_boxes;
+    print(add_rules_boxes(sorted(glob.glob('solutions/*.ipynb'))))"``, then ``attn-course release``."""
+    changed = []
+    for path in map(Path, paths):
+        nb = nbformat.read(str(path), as_version=4)
+        if add_rules_box(nb):
+            nbformat.write(nb, str(path))
+            changed.append(path.name)
+    return changed

@@ -19,7 +19,9 @@ For each submission the grader (this process, trusted; it never imports or execu
    program is re-run without that exercise's cell for the others;
 5. loads the answers (safetensors: plain tensors, no pickle; size-capped, regular files only), validates
    them (type, keys, dtype, shape), and compares them with references computed here on the same inputs.
-   Forbidden APIs are checked statically in the learner's source here, and at run time in the child.
+   The child runs learner code in :mod:`.sandbox` (no course modules, no threads or processes, no fused
+   attention kernels, data stays in torch): a refusal fails its case with the rule's name, and the exercise
+   gets 0 points. ``check()`` runs the same child (:class:`Zygote`), so both give the same points.
 
 All output files are written after every child of the batch has been killed: ``grades.csv`` (contract
 columns), ``<student>.json`` and ``<student>.feedback.md``, each atomically (temp file + ``os.replace``).
@@ -203,37 +205,62 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_child(steps: list[dict], cases: dict[str, list[Case]], opts: Options,
-              hide: list[str] = ()) -> RunOutcome:
-    """Run ``steps`` in a sandboxed child; return whatever answers it left behind."""
+CHILD = str(Path(__file__).with_name("_child.py"))
+
+
+def _job(steps: list[dict], cases: dict[str, list[Case]], opts: Options, hide) -> Path:
+    """A job folder: ``inputs/`` (safetensors), ``program.json``, empty ``out/`` and ``work/``."""
     from safetensors.torch import save_file
     job = Path(tempfile.mkdtemp(prefix="attn-grade-"))
+    for sub in ("inputs", "out", "work"):
+        (job / sub).mkdir()
+    for ex_id, cs in cases.items():
+        flat = {f"{i}/{k}": v.detach().cpu().contiguous().clone() for i, c in enumerate(cs)
+                for k, v in c.inputs.items()}
+        save_file(flat, str(job / "inputs" / f"{ex_id}.safetensors"))
+    program = {
+        "steps": steps,
+        "hide": [str(p) for p in hide],      # e.g. solutions/: the child may not open it
+        "cases": {ex_id: [{"name": c.name, "params": c.params} for c in cs] for ex_id, cs in cases.items()},
+        "limits": {"memory_mb": opts.memory_mb, "cpu_s": int(opts.cpu_limit or opts.timeout) + 2, "file_mb": opts.file_mb,
+                   "nofile": 256, "nproc": _nproc_limit()},
+    }
+    (job / "program.json").write_text(json.dumps(program), encoding="utf-8")
+    return job
+
+
+def _outcome(job: Path, cases, timed_out: bool, returncode, seconds: float) -> RunOutcome:
+    answers = {}
+    for ex_id in cases:
+        loaded = _load_answers(job / "out", ex_id)
+        if loaded is not None:
+            answers[ex_id] = loaded
+    done = (job / "out" / "done").is_file()
+    tail = (_read_capped(job / "output.txt", 2**31) or b"")[-TAIL_CHARS:].decode("utf-8", "replace")
+    return RunOutcome(done and not timed_out and returncode == 0, timed_out, returncode, answers, tail, seconds)
+
+
+_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def run_child(steps: list[dict], cases: dict[str, list[Case]], opts: Options,
+              hide: list[str] = (), zygote: "Zygote | None" = None) -> RunOutcome:
+    """Run ``steps`` in a sandboxed child — a fresh ``python -I`` process, or a fork of ``zygote`` — and return
+    whatever answers it left behind."""
+    job = _job(steps, cases, opts, hide)
     try:
-        (job / "inputs").mkdir()
-        (job / "out").mkdir()
-        (job / "work").mkdir()
-        for ex_id, cs in cases.items():
-            flat = {f"{i}/{k}": v.detach().cpu().contiguous().clone() for i, c in enumerate(cs)
-                    for k, v in c.inputs.items()}
-            save_file(flat, str(job / "inputs" / f"{ex_id}.safetensors"))
-        program = {
-            "steps": steps,
-            "hide": [str(p) for p in hide],      # e.g. solutions/: the child may not open it
-            "cases": {ex_id: [{"name": c.name, "params": c.params} for c in cs] for ex_id, cs in cases.items()},
-            "limits": {"memory_mb": opts.memory_mb, "cpu_s": int(opts.cpu_limit or opts.timeout) + 2, "file_mb": opts.file_mb,
-                       "nofile": 256, "nproc": _nproc_limit()},
-        }
-        (job / "program.json").write_text(json.dumps(program), encoding="utf-8")
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(job / "work"), "TMPDIR": str(job / "work"),
-               "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1",
-               "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+        t0 = time.monotonic()
+        if zygote is not None:
+            timed_out, rc = zygote.run(job, opts.timeout)
+            return _outcome(job, cases, timed_out, rc, time.monotonic() - t0)
+        env = {**_ENV, "HOME": str(job / "work"), "TMPDIR": str(job / "work")}
         if os.name == "nt":
             env["SYSTEMROOT"] = os.environ.get("SYSTEMROOT", "")
-        cmd = [opts.python, "-I", "-m", "attn_course.grading._child", str(job)]
-        t0 = time.monotonic()
         with open(job / "output.txt", "wb") as log:
-            proc = subprocess.Popen(cmd, cwd=job / "work", env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=(os.name != "nt"))
+            proc = subprocess.Popen([opts.python, "-I", CHILD, str(job)], cwd=job / "work", env=env,
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=(os.name != "nt"))
             timed_out = False
             try:
                 proc.wait(timeout=opts.timeout)
@@ -244,18 +271,66 @@ def run_child(steps: list[dict], cases: dict[str, list[Case]], opts: Options,
                 if proc.poll() is None:
                     proc.kill()
                 proc.wait()
-        seconds = time.monotonic() - t0
-        answers = {}
-        for ex_id in cases:
-            loaded = _load_answers(job / "out", ex_id)
-            if loaded is not None:
-                answers[ex_id] = loaded
-        done = (job / "out" / "done").is_file()
-        tail = (_read_capped(job / "output.txt", 2**31) or b"")[-TAIL_CHARS:].decode("utf-8", "replace")
-        return RunOutcome(done and not timed_out and proc.returncode == 0, timed_out, proc.returncode,
-                          answers, tail, seconds)
+        return _outcome(job, cases, timed_out, proc.returncode, time.monotonic() - t0)
     finally:
         shutil.rmtree(job, ignore_errors=True)
+
+
+class Zygote:
+    """A ``python -I _child.py --serve`` process that has imported torch once and forks a fresh sandboxed child
+    per job (``check()``: one per kernel, started in the background when ``attn_course.grading`` is imported, so
+    a check costs a fork and the exercise's own work, not torch's import). Restarted if it died."""
+
+    def __init__(self, python: str = sys.executable):
+        self.python, self.proc = python, None
+        self.cpu_s = 0.0                   # CPU seconds (user + system) of the last job's child
+
+    def start(self) -> "Zygote":
+        if self.proc is None or self.proc.poll() is not None:
+            env = {**_ENV, "HOME": tempfile.gettempdir(), "TMPDIR": tempfile.gettempdir()}
+            self.proc = subprocess.Popen([self.python, "-I", CHILD, "--serve"], env=env, stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
+                                         start_new_session=True)
+        return self
+
+    def _line(self, deadline: float) -> str | None:
+        import select
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
+            return None
+        return self.proc.stdout.readline().strip() or None
+
+    def run(self, job: Path, timeout: float) -> tuple[bool, int | None]:
+        """(timed out, exit status) of one job; the child's process group is killed at ``timeout``."""
+        self.start()
+        if not getattr(self.proc, "ready", False):
+            if self._line(time.monotonic() + 180) != "ready":          # torch's import, once per kernel
+                self.close()
+                return True, None
+            self.proc.ready = True
+        self.proc.stdin.write(f"{job}\n")
+        self.proc.stdin.flush()
+        line = self._line(time.monotonic() + 30)
+        if line is None or not line.startswith("pid "):
+            self.close()
+            return True, None
+        done = self._line(time.monotonic() + timeout)
+        if done is None:
+            try:
+                os.killpg(int(line.split()[1]), 9)
+            except OSError:
+                pass
+            if self._line(time.monotonic() + 10) is None:
+                self.close()
+            return True, None
+        _, status, self.cpu_s = done.split()
+        self.cpu_s = float(self.cpu_s)
+        return False, os.waitstatus_to_exitcode(int(status))
+
+    def close(self) -> None:
+        if self.proc is not None:
+            _kill_group(self.proc)
+            self.proc = None
 
 
 # ---- grading one submission ------------------------------------------------------------------------------
@@ -293,6 +368,13 @@ def _case_results(ex: Exercise, cases: list[Case], status: dict, tensors: dict) 
             except Exception:
                 pass
     return results
+
+
+def refused_rules(status: dict) -> str:
+    """The sandbox rules a child's status says were refused (``rule: a; rule: b``), or ""."""
+    entries = status.get("cases") if isinstance(status.get("cases"), list) else []
+    rules = sorted({str(e["refused"]) for e in entries if isinstance(e, dict) and e.get("refused")})
+    return "; ".join(f"rule: {r}" for r in rules)
 
 
 def _short(text, n: int = 300) -> str:
@@ -345,8 +427,6 @@ def _grade_into(report: dict, sub: Submission, course: Course, opts: Options) ->
     report["_class_seed"] = next((b for i, b in bases.items() if reg[i].rank_by), None)   # class_seed.txt only
     cases = {i: held_out_cases(reg[i], bases[i]) for i in ids}
 
-    # the same static check as check(): the whole exercise cell, only real references to forbidden APIs
-    static = {i: reg[i].static_findings(nbk.strip_magics(sources[i])) for i in ids if i in sources}
     skip: dict[str, str] = {}
     answers: dict[str, tuple[dict, dict]] = {}
     tail = ""
@@ -395,14 +475,10 @@ def _grade_into(report: dict, sub: Submission, course: Course, opts: Options) ->
         entry["cases"] = _case_results(ex, cases[i], status, tensors)
         if ex.measure_fn is not None:                      # the capstone: what was measured, for the leaderboard
             entry["measured"] = {k: v for c in entry["cases"] for k, v in c.pop("measured", {}).items()}
-        findings = static.get(i, [])
-        used = sorted({f.api for f in findings} | {str(v) for v in status.get("violations", []) if isinstance(v, str)}
-                      & set(ex.forbidden))
-        if used:
+        rules = refused_rules(status)
+        if rules:
             entry["status"] = "forbidden"
-            where = "; ".join(str(f) for f in findings)
-            entry["notes"].append(f"uses {', '.join(used)}" + (f" ({where})" if where else " (while it runs)")
-                                  + ", which this exercise forbids: 0 points")
+            entry["notes"].append(f"the sandbox refused your code ({rules}), which this exercise forbids: 0 points")
             continue
         if entry["cases"] and all(c["hint"] == "not attempted" for c in entry["cases"]):
             entry["status"] = "not attempted"

@@ -1,7 +1,8 @@
-"""``check(exercise_id, obj)``: the learner's instant self-check, run in the notebook's own process.
+"""``check(exercise_id, obj)``: the learner's instant self-check.
 
-It draws the exercise's cases from a fixed seed (so its report is the same on every run), applies the
-learner's object, compares with the reference and shows one line per case (✓/✗ and, for a wrong answer,
+It draws the exercise's cases from a fixed seed (so its report is the same on every run), runs the learner's
+code on them in the SAME sandboxed child as the grader (:mod:`._child`, forked from a per-kernel zygote:
+:func:`program_of` says what it runs), compares with the reference here and shows one line per case (✓/✗ and, for a wrong answer,
 the detected misconception): as HTML in a notebook, as text elsewhere. It never raises for the learner's
 mistakes: an exception in the learner's code becomes one line (``TypeError: … (line 3, in attention)``),
 ``NotImplementedError`` means "not attempted yet". It is a self-check, not the grade: the instructor's
@@ -25,12 +26,14 @@ import contextlib
 import functools
 import hashlib
 import html
+import inspect
 import io
+import linecache
 import os
 import secrets
 import sys
-import tempfile
-import traceback
+import textwrap
+import types
 import warnings
 import zlib
 from dataclasses import dataclass, field
@@ -39,7 +42,7 @@ from typing import Any
 import torch
 
 from .exercises import get
-from .guard import RuntimeGuard, judged_source
+from .sandbox import describe_exception
 from .spec import Case, Exercise, validate
 
 __all__ = ["check", "CheckResult", "CaseResult", "judge_case", "describe_exception", "case_seed",
@@ -47,8 +50,6 @@ __all__ = ["check", "CheckResult", "CaseResult", "judge_case", "describe_excepti
 
 SELF_CHECK_SEED = 20240601
 NBGRADER_ENV = "NBGRADER_EXECUTION"          # nbgrader sets it to "autograde" (or "validate") for the kernel
-_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))       # .../attn_course
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
 
 def case_seed(exercise_id: str, base: int) -> int:
@@ -157,8 +158,7 @@ class CheckResult:
     score: float = 0.0
     status: str = "checked"    # "checked" | "not attempted" | "forbidden" | "unknown exercise"
     cases: list[CaseResult] = field(default_factory=list)
-    forbidden: list[str] = field(default_factory=list)    # forbidden APIs the learner's code used
-    details: list[str] = field(default_factory=list)      # where: "line 3: `F.softmax` (torch.nn.functional.softmax)"
+    forbidden: list[str] = field(default_factory=list)    # the sandbox rules that refused the learner's code
     held_out: bool = False     # cases drawn from held_out_seed (nbgrader autograde), not the self-check seed
     captured: list[str] = field(default_factory=list)     # stderr text and warnings while the learner's code ran
     unreachable: list[str] = field(default_factory=list)  # why the bulk grader would not see this answer as check() does
@@ -187,21 +187,6 @@ class CheckResult:
                 f'<b>{self.score:g}</b> / {self.max_score:g}</span>')
 
 
-def describe_exception(exc: BaseException) -> str:
-    """One friendly line: ``TypeError: message (line 3, in attention)``, pointing at the learner's code."""
-    text = " ".join(str(exc).split())
-    if len(text) > 240:
-        text = text[:237] + "..."
-    line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    frames = traceback.extract_tb(exc.__traceback__)
-    mine = [f for f in frames
-            if not os.path.abspath(f.filename).startswith((_PKG_DIR + os.sep, _TORCH_DIR + os.sep))
-            and "site-packages" not in f.filename]
-    if mine:
-        line += f" (line {mine[-1].lineno}, in {mine[-1].name})"
-    return line
-
-
 def judge_case(ex: Exercise, got: Any, want: dict[str, torch.Tensor], case: Case) -> CaseResult:
     """Validate ``got`` (type, keys, dtype, shape) and judge it against ``want``; never raises."""
     reason = validate(got, want)
@@ -214,32 +199,140 @@ def judge_case(ex: Exercise, got: Any, want: dict[str, torch.Tensor], case: Case
     return CaseResult(case.name, bool(verdict.ok), verdict.note if verdict.ok else (verdict.hint or "wrong values"))
 
 
+def _code_of(obj):
+    """A code object that belongs to ``obj`` (function, method, partial, class or instance), else None."""
+    while isinstance(obj, functools.partial):
+        obj = obj.func
+    code = getattr(getattr(obj, "__func__", obj), "__code__", None)
+    if isinstance(code, types.CodeType):
+        return code
+    cls = obj if inspect.isclass(obj) else type(obj)
+    for member in vars(cls).values():
+        member = getattr(member, "__func__", member)
+        if isinstance(member, types.FunctionType):
+            return member.__code__
+    return None
+
+
+def judged_source(obj) -> str | None:
+    """The source ``check(id, obj)`` runs: the whole notebook cell that defined ``obj`` (IPython keeps every cell's
+    text in ``linecache`` under a name that is not a file) — what the bulk grader reads, the exercise cell. For an
+    object defined in a real file (a module, a test), its own source. None if there is none."""
+    code = _code_of(obj)
+    if code is not None and not os.path.isfile(code.co_filename):
+        lines = linecache.getlines(code.co_filename)
+        if lines:
+            return "".join(lines)
+    try:
+        target = obj if (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.ismethod(obj)) else type(obj)
+        return textwrap.dedent(inspect.getsource(target))
+    except (OSError, TypeError):
+        return None
+
+
+def program_of(ex_id: str, obj: Any) -> list[dict]:
+    """The program ``check()`` runs in the sandboxed child, rebuilt like the grader's (runner.Course.program):
+    the cell that defined ``obj`` (labelled as the exercise cell), before it every notebook cell that defined a
+    function or class it reads (an earlier exercise's helper), and, for the other names it reads from the
+    kernel's namespace, the statement that recreates them there: ``import torch.nn.functional as F`` for a
+    module, ``from einops import rearrange`` for a library function, the literal for a number or a string.
+    Then a capture of ``obj`` by its name (or the cell's own ``check("<id>", expr)`` expression).
+
+    Why not replay the kernel's ``In`` history or read the notebook file: the history holds every experiment
+    and re-run (slow, and not what is graded), and the file on disk lags behind the cells the learner just ran.
+    The defining cells are exactly the code the grader judges; what lives only in the kernel (a tensor built
+    in another cell) is not recreated, and :mod:`.reach` warns when the grader would lack it too."""
+    if obj is None:
+        return [{"kind": "capture", "id": ex_id, "expr": "None"}]
+    from . import notebook as nbk
+    from .reach import _bound_names, _globals_of
+    g = _globals_of(obj) or {}
+    cells: list[tuple[str, str]] = []
+    prelude: dict[str, str] = {}
+
+    def visit(source: str, label: str) -> None:
+        if any(src == source for src, _ in cells):
+            return
+        try:
+            codes = [compile(nbk.strip_magics(source), label, "exec")]
+        except (SyntaxError, ValueError):
+            codes = []
+        names, bound = set(), _bound_names(source)
+        while codes:
+            c = codes.pop()
+            names |= set(c.co_names)
+            codes += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+        for n in sorted(names - bound):
+            if n not in g or n in prelude:
+                continue
+            v, code = g[n], _code_of(g[n])
+            if isinstance(v, types.ModuleType):
+                prelude[n] = f"import {v.__name__} as {n}"
+            elif code is not None and not os.path.isfile(code.co_filename) and linecache.getlines(code.co_filename):
+                visit("".join(linecache.getlines(code.co_filename)), f"<cell {code.co_filename}>")
+            elif isinstance(v, (bool, int, float, str, type(None))):
+                prelude[n] = f"{n} = {v!r}"
+            elif isinstance(getattr(v, "__module__", None), str) and "<" not in getattr(v, "__qualname__", "<") \
+                    and "." not in v.__qualname__:
+                prelude[n] = f"from {v.__module__} import {v.__qualname__} as {n}"
+        cells.append((source, label))
+
+    source = judged_source(obj)
+    if source is not None:
+        visit(source, "<exercise cell>")
+    steps = [{"kind": "code", "source": line, "label": "<kernel>", "exercise": ex_id} for line in prelude.values()]
+    steps += [{"kind": "code", "source": nbk.strip_magics(src), "label": label,
+               **({"exercise": ex_id} if label == "<exercise cell>" else {})} for src, label in cells]
+    name = next((k for k in [getattr(obj, "__name__", None), *g] if isinstance(k, str) and g.get(k) is obj), None)
+    if name is None and source is not None:
+        name = next((step[2] for step in nbk.split_checks(source) if step[0] == "capture" and step[1] == ex_id), None)
+    steps.append({"kind": "capture", "id": ex_id, "expr": name or "None"})
+    return steps
+
+
+_zygote = None
+
+
+def zygote():
+    """This kernel's sandbox zygote (:class:`.runner.Zygote`), started on first use — in a notebook's kernel,
+    when ``attn_course.grading`` is imported (the setup cell): it imports torch while the learner reads."""
+    global _zygote
+    if _zygote is None:
+        import atexit
+
+        from .runner import Zygote
+        _zygote = Zygote().start()
+        atexit.register(_zygote.close)
+    return _zygote
+
+
+CHECK_TIMEOUT = 60.0                       # seconds one check() may run in the sandbox
+
+
 def _run(ex: Exercise, obj: Any) -> CheckResult:
+    from .runner import Options, _case_results, refused_rules, run_child
     result = CheckResult(ex.id, float(ex.points), held_out=in_nbgrader_autograde())
     source = judged_source(obj)
-    findings = ex.static_findings(source) if ex.static_forbidden else []
-    found = {f.api for f in findings}
     cases = held_out_cases(ex, exercise_seed(ex, source)) if result.held_out else self_check_cases(ex)
-    for case in cases:
-        want = ex.expected(case)
-        guard = RuntimeGuard(ex.forbidden)
-        try:
-            with guard:
-                got = ex.answer(obj, case)
-        except NotImplementedError:
-            result.status = "not attempted"
-            result.cases = []
-            return result
-        except (Exception, SystemExit) as exc:     # the learner's mistake, reported in one line
-            result.cases.append(CaseResult(case.name, False, ex.explain_error(case, describe_exception(exc))))
-            found |= guard.violations
-            continue
-        found |= guard.violations
-        result.cases.append(judge_case(ex, got, want, case))
-    if found:
-        result.status = "forbidden"
-        result.forbidden = sorted(found)
-        result.details = [str(f) for f in findings]
+    out = run_child(program_of(ex.id, obj), {ex.id: cases}, Options(timeout=CHECK_TIMEOUT), zygote=zygote())
+    result.captured = [line[:300] for line in dict.fromkeys(out.output_tail.splitlines()) if line.strip()][:20]
+    if ex.id not in out.answers:
+        why = "ran past the time limit" if out.timed_out else "crashed the sandbox"
+        result.cases = [CaseResult(c.name, False, f"your code {why}") for c in cases]
+        return result
+    status, tensors = out.answers[ex.id]
+    if status.get("capture_error"):
+        result.cases = [CaseResult(c.name, False, f"the object to check was not found: {status['capture_error']}")
+                        for c in cases]
+        return result
+    rows = _case_results(ex, cases, status, tensors)
+    if rows and all(r["hint"] == "not attempted" for r in rows):
+        result.status = "not attempted"
+        return result
+    result.cases = [CaseResult(r["name"], r["ok"], r["hint"]) for r in rows]
+    rules = refused_rules(status)
+    if rules:
+        result.status, result.forbidden = "forbidden", rules.split("; ")
         return result
     result.score = ex.score(result.n_passed, len(result.cases))
     return result
@@ -268,10 +361,8 @@ def _report_lines(ex: Exercise, result: CheckResult) -> list[tuple[str, str]]:
         lines.append(("ok", f"✓ {c.name}" + (f": {c.message}" if c.message else "")) if c.ok
                      else ("fail", f"✗ {c.name}: {c.message}"))
     if result.status == "forbidden":
-        apis = ", ".join(result.forbidden)
-        where = "; ".join(result.details)
-        lines.append(("fail", f"✗ your code uses {apis}" + (f" ({where})" if where else " (while it runs)")
-                      + ", which this exercise forbids: write it by hand. The grader gives 0 points for it."))
+        lines.append(("fail", f"✗ the sandbox refused your code ({'; '.join(result.forbidden)}), which this "
+                              f"exercise forbids: write it by hand. The grader gives 0 points for it."))
         return lines
     n, total = result.n_passed, len(result.cases)
     verdict = "all cases passed" if n == total else f"{n}/{total} cases passed"
@@ -328,42 +419,18 @@ def _show(ex: Exercise, result: CheckResult) -> None:
 
 @contextlib.contextmanager
 def _quiet(captured: list[str]):
-    """Nothing reaches stderr inside: ``sys.stderr`` writes, native writes to file descriptor 2 and
-    warnings are collected (deduplicated, each shortened to one line) into ``captured``."""
+    """Nothing this process writes to ``sys.stderr`` or warns while checking reaches stderr: it is collected
+    (deduplicated, one line each) into ``captured`` (the learner's code runs in the child, whose output is
+    collected the same way)."""
     py_err = io.StringIO()
-    fd_err = None
-    saved_fd = None
-    try:
-        sys.stderr.flush()
-    except Exception:
-        pass
-    try:                                             # native code (C++ warnings, printf) writes to fd 2
-        fd_err = tempfile.TemporaryFile()
-        saved_fd = os.dup(2)
-        os.dup2(fd_err.fileno(), 2)
-    except (OSError, ValueError, AttributeError):
-        if fd_err is not None:
-            fd_err.close()
-        fd_err, saved_fd = None, None
     try:
         with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stderr(py_err):
             warnings.simplefilter("always")
             yield
     finally:
-        native = b""
-        if saved_fd is not None:
-            os.dup2(saved_fd, 2)
-            os.close(saved_fd)
-            fd_err.seek(0)
-            native = fd_err.read(1 << 16)
-            fd_err.close()
-        seen = set()
-        texts = [f"{w.category.__name__}: {w.message}" for w in caught]
-        texts += [py_err.getvalue(), native.decode("utf-8", "replace")]
-        for text in texts:
-            text = " ".join(text.split())
-            if text and text not in seen:
-                seen.add(text)
+        texts = [f"{w.category.__name__}: {w.message}" for w in caught] + [py_err.getvalue()]
+        for text in dict.fromkeys(" ".join(t.split()) for t in texts):
+            if text:
                 captured.append(text if len(text) <= 300 else text[:297] + "...")
 
 
@@ -404,7 +471,11 @@ def check(exercise_id: str, obj: Any) -> CheckResult:
     captured: list[str] = []
     with torch.random.fork_rng(devices=[]), _quiet(captured):
         result = _run(ex, obj)
-    result.captured = captured
+    result.captured = [text for text in dict.fromkeys(result.captured + captured)]
     result.unreachable = _unreachable(exercise_id, obj)
     _show(ex, result)
     return result
+
+
+if "ipykernel" in sys.modules:
+    zygote()

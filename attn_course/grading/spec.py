@@ -73,11 +73,12 @@ class Exercise:
     answer_fn: Callable[[Any, Case], dict[str, torch.Tensor]] | None = None
     expected_fn: Callable[[Case], dict[str, torch.Tensor]] | None = None
     judge_fn: Callable[[dict, dict, Case], Verdict] | None = None
-    forbidden: tuple[str, ...] = ()                 # APIs the learner's cell may not use (static + runtime)
+    forbidden: tuple[str, ...] = ()                 # torch APIs refused while the learner's object runs, by the
+    #   sandbox's dispatcher rule (.sandbox.learner_call): the fused-attention names (FORBID_SDPA) switch on "no
+    #   fused attention kernels" (always on in a build), others (softmax, ...) are refused by their aten op names;
+    #   FORBID_COURSE holds everywhere (no course module exists in the sandbox)
     all_or_nothing: bool = False
     # Optional, added by the grading-validity review (issue 18); every existing set works without them:
-    runtime_only: tuple[str, ...] = ()              # entries of ``forbidden`` checked only while the learner's
-    #   object runs, not in the cell's text (the cell may use them outside it, e.g. to compare against SDPA)
     error_hint_fn: Callable[[Case, str], str | None] | None = None   # names the mistake behind an exception
     #   the learner's code raised on this case (e.g. a broadcast error that a known wrong grouping causes)
     max_numel_fn: Callable[[Case], int] | None = None   # tiling: the learner's object may not create any tensor
@@ -102,18 +103,6 @@ class Exercise:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"exercise {self.id!r}: kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
-
-    @property
-    def static_forbidden(self) -> tuple[str, ...]:
-        """The forbidden APIs that the static check looks for in the exercise cell."""
-        return tuple(f for f in self.forbidden if f not in self.runtime_only)
-
-    def static_findings(self, source: str | None) -> list:
-        """References to forbidden APIs in ``source`` (the whole exercise cell), as
-        :class:`~attn_course.grading.guard.Finding` — the ONE static check shared by ``check()`` and the
-        bulk grader."""
-        from .guard import static_findings
-        return static_findings(source, self.static_forbidden) if source else []
 
     def cases(self, gen: torch.Generator) -> list[Case]:
         return self.cases_fn(gen)

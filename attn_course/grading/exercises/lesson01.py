@@ -336,7 +336,7 @@ EXERCISES = [
     Exercise("01_fix_the_bug", 2, "Fix a buggy attention",
              "a function fixed_attention(q, k, v, mask) -> out",
              _fix_cases, _fix_answer, _fix_expected, _fix_judge, forbidden=FORBID_SDPA + FORBID_COURSE,
-             runtime_only=FORBID_SDPA, kind="debug"),           # the cell may compare with SDPA; fixed_attention may not call it
+             kind="debug"),           # the cell may compare with SDPA; fixed_attention may not call it
     Exercise("01_score_std", 1, "Why 1/√d_k: the spread of the scores",
              "a function score_std(d_k) -> (std_unscaled, std_scaled)",
              _std_cases, _std_answer, _std_expected, _std_judge, kind="compute"),

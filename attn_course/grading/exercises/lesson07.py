@@ -14,6 +14,7 @@ import torch
 from ..spec import (Case, Exercise, FORBID_COURSE, FORBID_SDPA, Verdict, choice, close, diagnose, distinct, draw, first_match,
                     matches, randint)
 
+SANDBOX_ALLOW = ("attn_course.rope",)          # 7.3's cell imports apply_rope (the sandbox refuses other course modules)
 __all__ = ["EXERCISES"]
 
 _F64 = torch.float64

@@ -83,7 +83,8 @@ SEED_SD = json.loads(SEED_SPREAD_FILE.read_text(encoding="utf-8"))["sd"]   # hel
 # trainer — not attn_course.demos.textlm, whose TextData holds the held-out split.
 SANDBOX_ALLOW = ("attn_course.block", "attn_course.norm", "attn_course.gqa", "attn_course.mha", "attn_course.rope",
                  "attn_course.masks", "attn_course.functional", "attn_course._validate", "attn_course.mla",
-                 "attn_course.linear", "attn_course.positions", "attn_course.demos._train", "attn_course._notebook")
+                 "attn_course.linear", "attn_course.positions", "attn_course.demos._train", "attn_course._notebook",
+                 "fused attention kernels")                       # an open design: SDPA is allowed
 
 
 @functools.lru_cache(maxsize=1)
