@@ -375,18 +375,20 @@ def _ring_model(case, kind=None, merge="lse", scale=True):
 
 def _loop_judge(got, want, case):
     P, causal, block = case.params["world"], case.params["causal"], _block_flops(case)
+    ok_out = close(got["out"], want["out"], atol=1e-8, rtol=1e-6)
+    ok_lse = close(got["lse"], want["lse"], atol=1e-8, rtol=1e-6)
     for (r, t), mine in zip(((r, t) for r in range(P) for t in range(P)), got["flops"].flatten().tolist()):
+        if not (ok_out and ok_lse):
+            break                                                      # wrong values: name the mistake below
+        if mine > 1.5 * block:
+            return Verdict(False, f"rank {r}, step {t} counted {mine:,} FLOPs, {mine / block:.1f}× one block's "
+                                  f"(q kᵀ and P·V, 2·B·H·c²·(E + Ev) = {block:,}): a step attends to the ONE shard it "
+                                  f"is given and merges it into the state.")
         if int(want["flops"][r, t]) == 0 and mine >= block // 4:
             return Verdict(False, f"rank {r}, step {t} holds the shard of rank {(r - t) % P}, a LATER rank: its keys "
                                   f"are all in the queries' future, so return the state unchanged without computing "
                                   f"the block (your step counted {mine:,} FLOPs; masking with −∞ does the work the "
                                   f"causal skip saves).")
-        if mine > 1.5 * block:
-            return Verdict(False, f"rank {r}, step {t} counted {mine:,} FLOPs, {mine / block:.1f}× one block's "
-                                  f"(q kᵀ and P·V, 2·B·H·c²·(E + Ev) = {block:,}): a step attends to the ONE shard it "
-                                  f"is given and merges it into the state.")
-    ok_out = close(got["out"], want["out"], atol=1e-8, rtol=1e-6)
-    ok_lse = close(got["lse"], want["lse"], atol=1e-8, rtol=1e-6)
     if ok_out and ok_lse:
         return Verdict(True)
     lse_max = "the running lse is logaddexp(lse, lse_block), not the max of the two."
