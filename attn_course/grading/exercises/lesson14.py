@@ -249,7 +249,8 @@ def _split_cases(gen):
     case 2), and one empty split (lse = −∞, output zeros) in every case but the first."""
     cases = []
     for n, (S, H, Dv, spread) in enumerate(((3, 2, 6, 5.0), (5, 4, 8, 60.0), (4, 3, 5, 900.0))):
-        lse = (torch.rand(S, H, generator=gen, dtype=_F64) * 2 - 1) * spread
+        lse = torch.rand(S, H, generator=gen, dtype=_F64) * 2 - 1
+        lse = lse / lse.abs().max() * spread                    # the farthest split at ±spread exactly
         out = torch.randn(S, H, Dv, generator=gen, dtype=_F64)
         if n:
             empty = randint(gen, 0, S - 1)
