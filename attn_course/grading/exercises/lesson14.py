@@ -250,11 +250,12 @@ def _split_cases(gen):
     cases = []
     for n, (S, H, Dv, spread) in enumerate(((3, 2, 6, 5.0), (5, 4, 8, 60.0), (4, 3, 5, 900.0))):
         lse = torch.rand(S, H, generator=gen, dtype=_F64) * 2 - 1
-        lse = lse / lse.abs().max() * spread                    # the farthest split at ±spread exactly
         out = torch.randn(S, H, Dv, generator=gen, dtype=_F64)
         if n:
             empty = randint(gen, 0, S - 1)
             lse[empty], out[empty] = -math.inf, 0.0
+        seen = torch.isfinite(lse)
+        lse[seen] = lse[seen] / lse[seen].abs().max() * spread  # the farthest split at ±spread exactly
         cases.append(Case(f"{S} splits, H={H}, Dv={Dv}, lse_s in ±{spread:g}" + (", one empty split" if n else ""),
                           {"split_out": out, "split_lse": lse}))
     return cases
