@@ -142,26 +142,33 @@ def _shared_judge(got, want, case):
 
 # ---- 14_paged_decode (build: the learner reads the pool only through a block reader) ------------------------
 
+_READ = """
+def read(b):
+    b = int(b)
+    if b not in mine:
+        refused.append(b)
+        raise ValueError(f"block {b} is not one of this sequence's blocks {sorted(mine)}: read only the blocks "
+                         f"of block_table")
+    reads[b] = reads.get(b, 0) + 1
+    return k_pool[b].clone(), v_pool[b].clone()
+"""
+
+
 class BlockReader:
     """What the learner's decode step may see of the pool: the sequence's ``block_table`` (a small int64 tensor),
     ``seq_len`` and ``block_size``, and ``read(b) -> (K, V)``, pool block ``b``'s keys and values, each
     ``(H_kv, block_size, d)`` (a copy; slots past ``seq_len`` hold stale data). Blocks outside the table are
-    refused; every read is counted."""
+    refused; every read is counted in ``reads``. ``read`` is compiled under a file name of its own: it is a tool
+    handed to the learner's code (like ``ring_sim``), which the runtime guard would otherwise count as a call
+    into the grader."""
 
     def __init__(self, k_pool, v_pool, block_table, seq_len):
         self.block_table, self.seq_len, self.block_size = block_table.clone(), int(seq_len), k_pool.shape[2]
-        mine = set(block_table.tolist())
         self.reads, self.refused = {}, []
-
-        def read(b):
-            b = int(b)
-            if b not in mine:
-                self.refused.append(b)
-                raise ValueError(f"block {b} is not one of this sequence's blocks {sorted(mine)}: read only the "
-                                 f"blocks of block_table")
-            self.reads[b] = self.reads.get(b, 0) + 1
-            return k_pool[b].clone(), v_pool[b].clone()
-        self.read = read
+        scope = {"mine": set(block_table.tolist()), "refused": self.refused, "reads": self.reads,
+                 "k_pool": k_pool, "v_pool": v_pool}
+        exec(compile(_READ, "<paged block reader>", "exec"), scope)
+        self.read = scope["read"]
 
 
 def _dec_cases(gen):
