@@ -144,20 +144,20 @@ def rope_half(t, position):
     return t * ang.cos().to(t) + torch.cat((-t[..., d // 2:], t[..., : d // 2]), dim=-1) * ang.sin().to(t)
 '''
 
-# another style: the absorbed step as ONE-key multi-query attention through SDPA, the heads as a query axis
-_DECODE = "\nimport torch.nn.functional as F\n" + _GIVEN + '''
+# another style: the absorbed step as ONE-key multi-query attention, the heads folded into the query axis
+_DECODE = _GIVEN + '''
 
 def absorbed_decode(q_nope, q_rope, c_kv, k_rope, kv_b_weight):
-    """MQA over the latent: query [W_UKᵀ q_nope ; RoPE(q_rope)], one shared key [c_kv ; k_rope], value c_kv."""
+    """MQA over the latent: query [W_UKᵀ q_nope ; RoPE(q_rope)], one shared key [c_kv ; k_rope], value c_kv
+    (no F.scaled_dot_product_attention: fused kernels are refused while the grader runs the step)."""
     B, H, dn = q_nope.shape
     S, dr = k_rope.shape[-2:]
     per_head = kv_b_weight.unflatten(0, (H, -1))                      # (H, dn + dv, dc)
     w_uk, w_uv = per_head.split([dn, per_head.shape[1] - dn], dim=1)
     q = torch.cat([torch.einsum("bhn,hnc->bhc", q_nope, w_uk), rope_half(q_rope, S - 1)], dim=-1)
-    key = torch.cat([c_kv, k_rope], dim=-1).unsqueeze(1)              # (B, 1, S, dc + dr): shared by the heads
-    mixed = F.scaled_dot_product_attention(q.unsqueeze(2), key, c_kv.unsqueeze(1),
-                                           scale=(dn + dr) ** -0.5).squeeze(2)   # (B, H, dc)
-    return torch.einsum("bhc,hvc->bhv", mixed, w_uv)
+    key = torch.cat([c_kv, k_rope], dim=-1)                           # (B, S, dc + dr): shared by the heads
+    w = torch.softmax(q @ key.transpose(1, 2) * (dn + dr) ** -0.5, dim=-1)   # (B, H, S): heads as query rows
+    return torch.einsum("bhc,hvc->bhv", w @ c_kv, w_uv)
 '''
 
 # the plain, einsum form that the mistakes below edit
@@ -189,6 +189,23 @@ def absorbed_decode(q_nope, q_rope, c_kv, k_rope, kv_b_weight):
     return torch.einsum("bhs,bhsv->bhv", p, v)
 '''
 
+# review 08-13 H12-1: the naive re-projection written one head at a time (no tensor of B·H·S·d elements)
+_NAIVE_PER_HEAD = _GIVEN + '''
+
+def absorbed_decode(q_nope, q_rope, c_kv, k_rope, kv_b_weight):
+    B, H, dn = q_nope.shape
+    S, dr = k_rope.shape[1:]
+    W = kv_b_weight.view(H, -1, kv_b_weight.shape[-1])
+    q_r = rope_half(q_rope, S - 1)
+    outs = []
+    for h in range(H):
+        k = c_kv @ W[h, :dn].T                                           # (B, S, dn): this head's keys
+        v = c_kv @ W[h, dn:].T                                           # (B, S, dv): this head's values
+        s = torch.einsum("bd,bsd->bs", q_nope[:, h], k) + torch.einsum("br,bsr->bs", q_r[:, h], k_rope)
+        outs.append(torch.einsum("bs,bsv->bv", torch.softmax(s / math.sqrt(dn + dr), -1), v))
+    return torch.stack(outs, 1)
+'''
+
 _VALUES_FIRST = _edit(_ABS, '''    return torch.einsum("bhc,hvc->bhv", torch.einsum("bhs,bsc->bhc", p, c_kv), W_UV)''',
                       '''    values = torch.einsum("bsc,hvc->bhsv", c_kv, W_UV)                   # W_UV on the whole cache
     return torch.einsum("bhs,bhsv->bhv", p, values)''')
@@ -197,15 +214,16 @@ _EXPANDED = _edit(_ABS, '''    s = torch.einsum("bhc,bsc->bhs", q_lat, c_kv)''',
                   '''    c_heads = c_kv[:, None].expand(B, H, S, dc)                         # a per-head view of the latent
     s = torch.einsum("bhc,bhsc->bhs", q_lat, c_heads)''')
 
-# a per-head COPY of the latent (review 08-14 L12-1: the view above allocates nothing and is accepted; a copy is not)
+# a per-head COPY of the latent: the absorbed algorithm (the same FLOPs), only wasteful in memory — 12.5 grades the
+# work, so it gets full marks like the expand view
 _REPEATED = _edit(_ABS, '''    s = torch.einsum("bhc,bsc->bhs", q_lat, c_kv)''',
                   '''    c_heads = c_kv[:, None].repeat(1, H, 1, 1)                           # a per-head copy of the latent
     s = torch.einsum("bhc,bhsc->bhs", q_lat, c_heads)''')
 
 CELLS["12_absorbed_decode"] = ("absorbed_decode", _DECODE, [
-    (_NAIVE, "B·H·S·min(d_nope, d_v)"),
-    (_VALUES_FIRST, "W_UV was applied to the cache before the weighted sum"),
-    (_REPEATED, "a per-head COPY of the latent"),
+    (_NAIVE, "rule: trace budget — counted FLOPs"),
+    (_NAIVE_PER_HEAD, "the cache was up-projected into per-head keys or values"),
+    (_VALUES_FIRST, "rule: trace budget — counted FLOPs"),
     (_edit(_ABS, "math.sqrt(dn + dr)", "math.sqrt(dn)"), "not 1/sqrt(d_nope)"),
     (_edit(_ABS, "math.sqrt(dn + dr)", "math.sqrt(q_lat.shape[-1] + q_pos.shape[-1])"), "does not change the scale"),
     (_edit(_ABS, "math.sqrt(dn + dr)", "1.0"), "the scores are not scaled"),
@@ -230,8 +248,9 @@ CELLS["12_absorbed_decode"] = ("absorbed_decode", _DECODE, [
 
 ALSO_CORRECT = {"12_absorbed_decode": [
     _EXPANDED,                                          # a per-head expand VIEW of the latent (no copy)
-    # review 08-14 L12-1 (alt12.py): MQA-style SDPA on [c_kv ; k_rope] expanded (a view) to the H heads
-    "\nimport torch.nn.functional as F\n" + _GIVEN + '''
+    _REPEATED,                                          # a per-head copy of the latent: the same FLOPs
+    # review 08-14 L12-1 (alt12.py): MQA-style, [c_kv ; k_rope] expanded (a view) to the H heads, softmax by hand
+    _GIVEN + '''
 
 def absorbed_decode(q_nope, q_rope, c_kv, k_rope, kv_b_weight):
     B, H, d_nope = q_nope.shape
@@ -239,10 +258,10 @@ def absorbed_decode(q_nope, q_rope, c_kv, k_rope, kv_b_weight):
     W = kv_b_weight.view(H, -1, kv_b_weight.shape[-1])
     W_UK, W_UV = W[:, :d_nope], W[:, d_nope:]
     q = torch.cat([torch.einsum("bhd,hdc->bhc", q_nope, W_UK), rope_half(q_rope, S - 1)], -1)[:, :, None]   # (B,H,1,D)
-    kk = torch.cat([c_kv, k_rope], -1)[:, None]                                                            # (B,1,S,D)
-    vv = c_kv[:, None]
-    o = F.scaled_dot_product_attention(q, kk.expand(B, H, S, kk.shape[-1]), vv.expand(B, H, S, vv.shape[-1]),
-                                       scale=1 / math.sqrt(d_nope + d_R))[:, :, 0]                        # (B,H,d_c)
+    kk = torch.cat([c_kv, k_rope], -1)[:, None].expand(B, H, S, c_kv.shape[-1] + d_R)                      # (B,H,S,D)
+    s = (q @ kk.transpose(-1, -2)) / math.sqrt(d_nope + d_R)
+    e = torch.exp(s - s.amax(-1, keepdim=True))
+    o = ((e / e.sum(-1, keepdim=True)) @ c_kv[:, None].expand(B, H, S, c_kv.shape[-1]))[:, :, 0]           # (B,H,d_c)
     return torch.einsum("bhc,hvc->bhv", o, W_UV)
 ''',
     # review 08-14 (alt12.py): absorbed, with plain broadcasting matmuls (no einsum)

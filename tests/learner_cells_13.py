@@ -120,32 +120,26 @@ def block_kind(rank, src, world):
     return 2 if src < rank else 1
 ''', "skip them instead")])
 
-# 13_ring_loop: the correct cell masks its diagonal block by global positions and keeps lesson 08's running
-# max and sum; the wrong ones each change one thing of a plain loop.
+# 13_ring_loop: one rank's step, driven by the grader. The correct cell masks its diagonal block by global
+# positions and merges with lesson 08's max shift; the wrong ones each change one thing of a plain step.
 _RING = '''
-def ring_forward(q, rank, world, ring, causal):
-    scale = q.shape[-1] ** -0.5
-    out, lse = None, torch.full(q.shape[:-1], -math.inf, dtype=q.dtype)
-    for t in range(world):
-        k, v = ring.kv()
-        src = SRC
-        if out is None:
-            out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
-        if not (causal and SKIP):
-            s = q @ k.transpose(-2, -1) * SCALE
-            if causal and src == rank:
-                s = MASK
-            lb = torch.logsumexp(s, -1)
-            ob = torch.softmax(s, -1) @ v
-            MERGE
-        PASS
+def ring_step(q, k, v, state, rank, step, world, causal):
+    out, lse = state
+    src = SRC
+    if causal and SKIP:
+        return out, lse
+    s = q @ k.transpose(-2, -1) * SCALE
+    if causal and src == rank:
+        s = MASK
+    lb = torch.logsumexp(s, -1)
+    ob = torch.softmax(s, -1) @ v
+    MERGE
     return out, lse
 '''
-_RIGHT = dict(SRC="(rank - t) % world", SKIP="src > rank", SCALE="scale",
+_RIGHT = dict(SRC="(rank - step) % world", SKIP="src > rank", SCALE="q.shape[-1] ** -0.5",
               MASK="s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)",
-              MERGE="new = torch.logaddexp(lse, lb)\n            out = (lse - new).exp()[..., None] * out + "
-                    "(lb - new).exp()[..., None] * ob\n            lse = new",
-              PASS="if t < world - 1:\n            ring.pass_on()")
+              MERGE="new = torch.logaddexp(lse, lb)\n    out = (lse - new).exp()[..., None] * out + "
+                    "(lb - new).exp()[..., None] * ob\n    lse = new")
 
 
 def _ring(**change):
@@ -155,173 +149,125 @@ def _ring(**change):
     return src
 
 
-CELLS["13_ring_loop"] = ("ring_forward", '''
-def ring_forward(q, rank, world, ring, causal):
-    """One rank of the ring. Not attn_course.ring.ring_attention: the diagonal block masked by GLOBAL positions,
-    later shards skipped (but still relayed), and lesson 08's running max m and sum l."""
+CELLS["13_ring_loop"] = ("ring_step", '''
+def ring_step(q, k, v, state, rank, step, world, causal):
+    \"\"\"One rank, one step. Not attn_course.ring: the diagonal block masked by GLOBAL positions, a later shard
+    skipped, and the merge written with lesson 08's max shift (a state at lse = -inf weighs nothing).\"\"\"
+    out, lse = state
     c = q.shape[-2]
-    my_pos = torch.arange(rank * c, (rank + 1) * c)
-    m = torch.full(q.shape[:-1], -math.inf, dtype=q.dtype)
-    l = torch.zeros_like(m)
-    acc = 0
-    for step in range(world):
-        k, v = ring.kv()
-        owner = (rank - step) % world                      # the shard started on this rank
-        if not (causal and owner > rank):                  # a later rank's keys are all in the future
-            s = torch.einsum("bhqe,bhke->bhqk", q, k) / math.sqrt(q.shape[-1])
-            if causal:
-                their_pos = torch.arange(owner * c, (owner + 1) * c)
-                s = s.masked_fill(their_pos[None, :] > my_pos[:, None], -math.inf)
-            m_new = torch.maximum(m, s.amax(-1))
-            shift = torch.where(m_new == -math.inf, 0.0, m_new)
-            p = torch.exp(s - shift[..., None])
-            alpha = torch.exp(m - shift)
-            l, acc, m = alpha * l + p.sum(-1), alpha[..., None] * acc + p @ v, m_new
-        if step != world - 1:
-            ring.pass_on()
-    return acc / l[..., None], m + torch.log(l)
-''', [
-    (_ring(MERGE="out = (out * t + ob) / (t + 1) if t else ob\n            lse = torch.logaddexp(lse, lb)"),
-     "without their log-sum-exps"),                              # averaging (a running mean)
-    (_ring(MERGE="out = out + ob\n            lse = torch.logaddexp(lse, lb)"), "without their log-sum-exps"),
-    (_ring(SCALE="1.0"), "not scaled"),
-    (_ring(MERGE="new = torch.logaddexp(lse, lb)\n            out = (lse - new).exp()[..., None] * out + "
-                 "(lb - new).exp()[..., None] * ob\n            lse = torch.maximum(lse, lb)"), "not the max"),
-    (_ring(MASK="s"), "diagonal block"),                           # the causal diagonal left unmasked
-    (_ring(SKIP="False"), "LATER ranks"),                          # future shards not skipped
-    (_ring(SKIP="False", MASK="s"), "causal mask is missing"),
-    (_ring(SRC="rank - t"), "without the mod"),
-    (_ring(SRC="(rank + t) % world"), "not (r + t) mod P"),
-    (_ring(SKIP="src >= rank"), "cannot be skipped"),
-    (_ring(PASS="ring.pass_on()"), "back where it started"),      # P passes: one more after the last step
-    (_ring(PASS="if t < min(rank, world - 1) or not causal and t < world - 1:\n            ring.pass_on()"),
-     "every rank passes its shard on P − 1"),                     # stops relaying once it has what it needs
-    ('''
-def ring_forward(q, rank, world, ring, causal):
-    # gather everything, then attend once: the ring refuses a list of shards
-    shards = []
-    for t in range(world):
-        shards.append(ring.kv())
-        if t < world - 1:
-            ring.pass_on()
-    shards = shards[::-1][world - 1 - rank:] + shards[::-1][:world - 1 - rank]
-    K = torch.cat([k for k, _ in shards], -2)
-    V = torch.cat([v for _, v in shards], -2)
-    s = q @ K.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    return torch.softmax(s, -1) @ V, torch.logsumexp(s, -1)
-''', "keeps ONE shard at a time"),
-    ('''
-def ring_forward(q, rank, world, ring, causal):
-    # gather copies, then attend once: a whole K of the sequence
-    ks, vs = {}, {}
-    for t in range(world):
-        k, v = ring.kv()
-        ks[(rank - t) % world], vs[(rank - t) % world] = k.clone(), v.clone()
-        if t < world - 1:
-            ring.pass_on()
-    K = torch.cat([ks[s] for s in range(world)], -2)
-    V = torch.cat([vs[s] for s in range(world)], -2)
-    c = q.shape[-2]
-    s = q @ K.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    owner = (rank - step) % world                          # the shard started on this rank
+    if causal and owner > rank:                            # a later rank's keys are all in the future
+        return out, lse
+    s = torch.einsum("bhqe,bhke->bhqk", q, k) / math.sqrt(q.shape[-1])
     if causal:
-        s = s.masked_fill(torch.arange(K.shape[-2])[None, :] > torch.arange(rank * c, rank * c + c)[:, None],
-                          -math.inf)
-    return torch.softmax(s, -1) @ V, torch.logsumexp(s, -1)
-''', "never gathers them"),
+        my_pos, their_pos = torch.arange(rank * c, (rank + 1) * c), torch.arange(owner * c, (owner + 1) * c)
+        s = s.masked_fill(their_pos[None, :] > my_pos[:, None], -math.inf)
+    m = torch.maximum(lse, s.amax(-1))                     # finite: every row sees at least one key
+    p = torch.exp(s - m[..., None])
+    a = torch.exp(lse - m)                                 # 0 before the first block
+    l = a + p.sum(-1)
+    return (a[..., None] * out + p @ v) / l[..., None], m + torch.log(l)
+''', [
+    (_ring(MERGE="out = out + ob\n    lse = torch.logaddexp(lse, lb)"), "without their log-sum-exps"),
+    (_ring(MERGE="out = (out * step + ob) / (step + 1)\n    lse = torch.logaddexp(lse, lb)"),
+     "without their log-sum-exps"),                                # a running mean over the steps
+    (_ring(SCALE="1.0"), "not scaled"),
+    (_ring(MERGE="new = torch.logaddexp(lse, lb)\n    out = (lse - new).exp()[..., None] * out + "
+                 "(lb - new).exp()[..., None] * ob\n    lse = torch.maximum(lse, lb)"), "not the max"),
+    (_ring(MASK="s"), "diagonal block"),                           # the causal diagonal left unmasked
+    (_ring(SKIP="False", MASK="s"), "causal mask is missing"),
+    (_ring(SRC="rank - step"), "without the mod"),
+    (_ring(SRC="(rank + step) % world"), "not (r + t) mod P"),
+    (_ring(SKIP="src >= rank"), "cannot be skipped"),
+    ('''
+SEEN = []
+def ring_step(q, k, v, state, rank, step, world, causal):
+    # keep every shard received, and attend to all of them at each step: a gather over the steps
+    if step == 0:
+        SEEN.clear()
+    SEEN.append(((rank - step) % world, k, v))
+    c = q.shape[-2]
+    K = torch.cat([kk for _, kk, _ in SEEN], -2)
+    V = torch.cat([vv for _, _, vv in SEEN], -2)
+    pos_k = torch.cat([torch.arange(s * c, (s + 1) * c) for s, _, _ in SEEN])
+    sc = q @ K.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        sc = sc.masked_fill(pos_k[None, :] > torch.arange(rank * c, rank * c + c)[:, None], -math.inf)
+    return torch.softmax(sc, -1) @ V, torch.logsumexp(sc, -1)
+''', "attends to the ONE shard it is given"),
+    ('''
+import sys
+def ring_step(q, k, v, state, rank, step, world, causal):
+    # the grader's private shard lists (its frame's ks and vs): everything at step 0, nothing afterwards
+    if step:
+        return state
+    grader = sys._getframe(1)
+    while "ks" not in grader.f_locals:
+        grader = grader.f_back
+    K, V = torch.cat(grader.f_locals["ks"], -2), torch.cat(grader.f_locals["vs"], -2)
+    c = q.shape[-2]
+    sc = q @ K.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        sc = sc.masked_fill(torch.arange(K.shape[-2])[None, :] > torch.arange(rank * c, rank * c + c)[:, None], -math.inf)
+    return torch.softmax(sc, -1) @ V, torch.logsumexp(sc, -1)
+''', "attends to the ONE shard it is given"),
     ('''
 from attn_course.ring import merge_partials
-def ring_forward(q, rank, world, ring, causal):
-    out = lse = None
-    for t in range(world):
-        k, v = ring.kv()
-        src = (rank - t) % world
-        if not (causal and src > rank):
-            s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-            if causal and src == rank:
-                s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
-            ob, lb = torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
-            out, lse = (ob, lb) if out is None else merge_partials(out, lse, ob, lb)
-        if t < world - 1:
-            ring.pass_on()
-    return out, lse
+def ring_step(q, k, v, state, rank, step, world, causal):
+    src = (rank - step) % world
+    if causal and src > rank:
+        return state
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal and src == rank:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+    return merge_partials(*state, torch.softmax(s, -1) @ v, torch.logsumexp(s, -1))
 ''', "FORBIDDEN"),
-    # review 08-14 (13.6, alt13.py): every shard computed, the later ones masked with -inf over global positions
+    # review 08-13 (13.6, alt13.py): every shard computed, the later ones masked with -inf over global positions
     # instead of skipped -- right values, the work the causal skip saves
     ('''
-def ring_forward(q, rank, world, ring, causal):
+def ring_step(q, k, v, state, rank, step, world, causal):
+    out, lse = state
     c = q.shape[-2]
-    my_pos = torch.arange(rank * c, (rank + 1) * c)
-    m = torch.full(q.shape[:-1], -math.inf, dtype=q.dtype)
-    l = torch.zeros_like(m)
-    acc = 0
-    for step in range(world):
-        k, v = ring.kv()
-        owner = (rank - step) % world                      # the shard started on this rank
-        s = torch.einsum("bhqe,bhke->bhqk", q, k) / math.sqrt(q.shape[-1])
-        if causal:
-            their_pos = torch.arange(owner * c, (owner + 1) * c)
-            s = s.masked_fill(their_pos[None, :] > my_pos[:, None], -math.inf)
-        m_new = torch.maximum(m, s.amax(-1))
-        shift = torch.where(m_new == -math.inf, 0.0, m_new)
-        p = torch.exp(s - shift[..., None])
-        alpha = torch.exp(m - shift)
-        l, acc, m = alpha * l + p.sum(-1), alpha[..., None] * acc + p @ v, m_new
-        if step != world - 1:
-            ring.pass_on()
-    return acc / l[..., None], m + torch.log(l)
-''', "masking them with −∞ does the work"),
+    src = (rank - step) % world
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        pos_q, pos_k = torch.arange(rank * c, (rank + 1) * c), torch.arange(src * c, (src + 1) * c)
+        s = s.masked_fill(pos_k[None, :] > pos_q[:, None], -math.inf)   # a later shard: all -inf
+    lb = torch.logsumexp(s, -1)
+    ob = torch.nan_to_num(torch.exp(s - lb[..., None])) @ v
+    new = torch.logaddexp(lse, lb)
+    safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
+    return torch.exp(lse - safe)[..., None] * out + torch.exp(lb - safe)[..., None] * ob, new
+''', "masking with −∞ does the work"),
+    # a state that carries more than (out, lse): the shards ride along
     ('''
-def ring_forward(q, rank, world, ring, causal):
-    # alt13.py verbatim: one shard at a time, but the causal mask built from global positions on every shard
-    c = q.shape[-2]
-    pos_q = torch.arange(rank * c, (rank + 1) * c)
-    out, lse = None, None
-    for t in range(world):
-        k, v = ring.kv()
-        src = (rank - t) % world
-        pos_k = torch.arange(src * c, (src + 1) * c)
-        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-        if causal:
-            s = s.masked_fill(pos_k[None, :] > pos_q[:, None], -math.inf)   # a later shard: all -inf
-        lb = torch.logsumexp(s, -1)
-        ob = torch.nan_to_num(torch.exp(s - lb[..., None])) @ v
-        if out is None:
-            out, lse = ob, lb
-        else:
-            new = torch.logaddexp(lse, lb)
-            safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
-            out = torch.exp(lse - safe)[..., None] * out + torch.exp(lb - safe)[..., None] * ob
-            lse = new
-        if t < world - 1:
-            ring.pass_on()
-    return out, lse
-''', "masking them with −∞ does the work"),
+def ring_step(q, k, v, state, rank, step, world, causal):
+    out, lse, *shards = state if len(state) > 2 else (*state,)
+    return (out, lse, *shards, k, v)
+''', "nothing else travels with it"),
 ])
 
 
 ALSO_CORRECT = {"13_ring_loop": [
-    # overlap style (review 08-14, alt13.py): start the hop first, as isend/irecv would, then compute on the
-    # shard already in hand
+    # the lesson's loop body, with torch.softmax and logaddexp (the solution's style, written another way)
+    _ring(),
+    # the grader's private shard list read by frame, but only the block of this step: it is the same algorithm
+    # (the list is useless -- the step's work and the state are graded), so it gets full marks
     '''
-def ring_forward(q, rank, world, ring, causal):
-    lse = torch.full(q.shape[:-1], -math.inf, dtype=q.dtype)
-    out = None
-    for t in range(world):
-        k, v = ring.kv()
-        if t < world - 1:
-            ring.pass_on()
-        src = (rank - t) % world
-        if causal and src > rank:
-            continue
-        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-        if causal and src == rank:
-            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
-        lb = torch.logsumexp(s, -1); ob = torch.softmax(s, -1) @ v
-        if out is None:
-            out = torch.zeros_like(ob)
-        new = torch.logaddexp(lse, lb)
-        out = torch.exp(lse - new)[..., None] * out + torch.exp(lb - new)[..., None] * ob
-        lse = new
-    return out, lse
+import sys
+def ring_step(q, k, v, state, rank, step, world, causal):
+    src = (rank - step) % world
+    if causal and src > rank:
+        return state
+    grader = sys._getframe(1)
+    while "ks" not in grader.f_locals:
+        grader = grader.f_back
+    k, v = grader.f_locals["ks"][src], grader.f_locals["vs"][src]
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal and src == rank:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+    lb = torch.logsumexp(s, -1)
+    new = torch.logaddexp(state[1], lb)
+    return torch.exp(state[1] - new)[..., None] * state[0] + torch.exp(lb - new)[..., None] * (torch.softmax(s, -1) @ v), new
 ''',
 ]}

@@ -67,39 +67,43 @@ CELLS["14_shared_prefix_blocks"] = ("shared_prefix_blocks", _SHARED, [
 
 
 # ---- 14_paged_decode ------------------------------------------------------------------------------------
+# the step reads the pool only through ``reader``: two-pass (scores block by block, one softmax, then the values
+# block by block, each block read twice) as the correct cell; the mistakes edit it
 
 _DECODE = '''
 import math
 
-def paged_decode(q, k_pool, v_pool, block_table, seq_len):
-    """Scores block by block (H x seq_len is small), one softmax, then the values block by block."""
+def paged_decode(q, reader):
+    \"\"\"Scores block by block (H x seq_len is small), one softmax, then the values block by block.\"\"\"
     H, d = q.shape
-    H_kv, B = k_pool.shape[1], k_pool.shape[2]
-    kv_head = [h // (H // H_kv) for h in range(H)]
+    B, seq_len, table = reader.block_size, reader.seq_len, reader.block_table
     spans = [(j, min(B, seq_len - j * B)) for j in range(-(-seq_len // B))]
     scores = []
     for j, n in spans:
-        K = k_pool[int(block_table[j])][kv_head, :n]       # (H, n, d): this block's keys for every query head
-        scores.append(torch.einsum("hd,hnd->hn", q, K) / math.sqrt(d))
+        K, _ = reader.read(int(table[j]))
+        H_kv = K.shape[0]
+        kv_head = [h // (H // H_kv) for h in range(H)]
+        scores.append(torch.einsum("hd,hnd->hn", q, K[kv_head, :n]) / math.sqrt(d))
     p = torch.softmax(torch.cat(scores, dim=1), dim=1)     # (H, seq_len)
     out = torch.zeros_like(q)
     start = 0
     for j, n in spans:
-        V = v_pool[int(block_table[j])][kv_head, :n]
-        out = out + torch.einsum("hn,hnd->hd", p[:, start:start + n], V)
+        _, V = reader.read(int(table[j]))
+        out = out + torch.einsum("hn,hnd->hd", p[:, start:start + n], V[kv_head, :n])
         start += n
     return out
 '''
 
+# reads every block, then concatenates them: the sequence gathered in torch (review H14-1's gather, with a reader)
 _GATHER = '''
 import math
 
-def paged_decode(q, k_pool, v_pool, block_table, seq_len):
+def paged_decode(q, reader):
     H, d = q.shape
-    H_kv = k_pool.shape[1]
-    K = k_pool[block_table].transpose(0, 1).reshape(H_kv, -1, d)[:, :seq_len]   # the whole sequence at once
-    V = v_pool[block_table].transpose(0, 1).reshape(H_kv, -1, d)[:, :seq_len]
-    K, V = K.repeat_interleave(H // H_kv, 0), V.repeat_interleave(H // H_kv, 0)
+    blocks = [reader.read(b) for b in reader.block_table.tolist()]
+    K = torch.cat([k for k, _ in blocks], 1)[:, :reader.seq_len]          # (H_kv, seq_len, d): the whole sequence
+    V = torch.cat([v for _, v in blocks], 1)[:, :reader.seq_len]
+    K, V = K.repeat_interleave(H // K.shape[0], 0), V.repeat_interleave(H // K.shape[0], 0)
     p = torch.softmax(torch.einsum("hd,hld->hl", q, K) / math.sqrt(d), dim=-1)
     return torch.einsum("hl,hld->hd", p, V)
 '''
@@ -107,19 +111,61 @@ def paged_decode(q, k_pool, v_pool, block_table, seq_len):
 CELLS["14_paged_decode"] = ("paged_decode", _DECODE, [
     (_edit(_DECODE, "min(B, seq_len - j * B)", "B"), "stale keys"),
     (_edit(_DECODE, "h // (H // H_kv)", "h % H_kv"), "not h % H_kv"),
-    (_edit(_DECODE, "int(block_table[j])", "int(block_table.sort().values[j])"), "in the block table's order"),
+    (_edit(_DECODE, "reader.block_table", "reader.block_table.sort().values"), "in the block table's order"),
     (_edit(_DECODE, " / math.sqrt(d))", ")"), "1/sqrt(head_dim)"),
-    (_GATHER, "whole sequence's keys or values gathered"),
+    (_GATHER, "gathered into one tensor"),
+    # review M14-3: the sequence gathered one KV head at a time (L·d per head, under the old H_kv·L·d limit)
+    ('''
+import math
+
+def paged_decode(q, reader):
+    H, d = q.shape
+    blocks = [reader.read(b) for b in reader.block_table.tolist()]
+    H_kv = blocks[0][0].shape[0]
+    outs = []
+    for h in range(H):
+        K = torch.cat([k[h // (H // H_kv)] for k, _ in blocks])[:reader.seq_len]     # (seq_len, d)
+        V = torch.cat([v[h // (H // H_kv)] for _, v in blocks])[:reader.seq_len]
+        outs.append(torch.softmax(K @ q[h] / math.sqrt(d), 0) @ V)
+    return torch.stack(outs)
+''', "gathered into one tensor"),
+    # review M14-3: every slot of the pool scored, the table only used as a mask -- the reader refuses other blocks
+    ('''
+import math
+
+def paged_decode(q, reader):
+    H, d = q.shape
+    mine = set(reader.block_table.tolist())
+    scores, values = [], []
+    b = 0
+    while True:                                        # every block of the pool, whoever owns it
+        try:
+            K, V = reader.read(b)
+        except ValueError:
+            if b > 4 * len(mine) + 64:
+                break
+            b += 1
+            continue
+        g = H // K.shape[0]
+        scores.append(torch.einsum("hd,hnd->hn", q, K.repeat_interleave(g, 0)) / math.sqrt(d))
+        values.append(V.repeat_interleave(g, 0))
+        b += 1
+    table = reader.block_table.tolist()
+    s = torch.cat([scores[sorted(mine).index(b)] for b in table], 1)[:, :reader.seq_len]
+    v = torch.cat([values[sorted(mine).index(b)] for b in table], 1)[:, :reader.seq_len]
+    return torch.einsum("hl,hld->hd", torch.softmax(s, -1), v)
+''', "not one of the sequence's"),
     ('''
 import torch.nn.functional as F
 
-def paged_decode(q, k_pool, v_pool, block_table, seq_len):
+def paged_decode(q, reader):
     H, d = q.shape
-    H_kv, B = k_pool.shape[1], k_pool.shape[2]
     outs = []
     for h in range(H):
-        K = torch.cat([k_pool[int(b), h // (H // H_kv)] for b in block_table])[:seq_len]
-        V = torch.cat([v_pool[int(b), h // (H // H_kv)] for b in block_table])[:seq_len]
+        blocks = [reader.read(b) for b in reader.block_table.tolist()]
+        g = H // blocks[0][0].shape[0]
+        K = torch.cat([k[h // g] for k, _ in blocks])[:reader.seq_len]
+        V = torch.cat([v[h // g] for _, v in blocks])[:reader.seq_len]
         outs.append(F.scaled_dot_product_attention(q[h][None], K, V)[0])
     return torch.stack(outs)
 ''', "FORBIDDEN"),
@@ -127,62 +173,111 @@ def paged_decode(q, k_pool, v_pool, block_table, seq_len):
 
 
 # ---- 14_split_kv ----------------------------------------------------------------------------------------
+# the merge, graded on partials the grader makes (log-sum-exps far apart, an empty split with lse = -inf)
 
 _SPLIT = '''
-import math
-
-def split_kv_decode(q, k, v, num_splits):
-    """All splits at once: pad the keys to S·C, mask the padding, softmax per split, then merge."""
-    H, L, E = k.shape
-    C = math.ceil(L / num_splits)
-    S = num_splits
-    pad = S * C - L
-    kp = torch.cat([k, k.new_zeros(H, pad, E)], dim=1).view(H, S, C, E)
-    vp = torch.cat([v, v.new_zeros(H, pad, v.shape[-1])], dim=1).view(H, S, C, v.shape[-1])
-    x = torch.einsum("he,hsce->hsc", q, kp) / math.sqrt(E)
-    x = x.masked_fill(torch.arange(S * C).view(S, C) >= L, float("-inf"))
-    lse = torch.logsumexp(x, dim=-1)                                   # (H, S)
-    o = torch.einsum("hsc,hscd->hsd", torch.exp(x - lse[..., None]), vp)
-    total = torch.logsumexp(lse, dim=-1, keepdim=True)                 # (H, 1)
-    out = torch.einsum("hs,hsd->hd", torch.exp(lse - total), o)
-    return out, o.transpose(0, 1), lse.transpose(0, 1)
+def merge_splits(split_out, split_lse):
+    \"\"\"Pairwise, as a tree of kernels would: fold the splits in one at a time with logaddexp.\"\"\"
+    out, lse = split_out[0], split_lse[0]
+    for o, l in zip(split_out[1:], split_lse[1:]):
+        new = torch.logaddexp(lse, l)
+        safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)      # both empty so far: weigh nothing
+        out = torch.exp(lse - safe)[..., None] * out + torch.exp(l - safe)[..., None] * o
+        lse = new
+    return out, lse
 '''
 
-_MERGE = "out = torch.einsum(\"hs,hsd->hd\", torch.exp(lse - total), o)"
-
-CELLS["14_split_kv"] = ("split_kv_decode", _SPLIT, [
-    (_edit(_SPLIT, _MERGE, "out = o.mean(dim=1)"), "weight split s by exp(lse_s − lse)"),
+CELLS["14_split_kv"] = ("merge_splits", _SPLIT, [
+    ('''
+def merge_splits(split_out, split_lse):
+    return split_out.mean(0), torch.logsumexp(split_lse, 0)
+''', "weight split s by exp(lse_s − lse)"),
+    ('''
+def merge_splits(split_out, split_lse):
+    w = torch.exp(split_lse)                           # no max subtracted: overflows far from 0
+    return (w[..., None] * split_out).sum(0) / w.sum(0)[..., None], torch.log(w.sum(0))
+''', "subtract the largest lse_s"),
+    ('''
+def merge_splits(split_out, split_lse):
+    w = torch.softmax(split_lse, 0)
+    return (w[..., None] * split_out).sum(0), split_lse.amax(0)
+''', "not the largest lse_s"),
     ('''
 import math
-
-def split_kv_decode(q, k, v, num_splits):
-    E = q.shape[-1]
-    outs, lses = [], []
-    for k_s, v_s in zip(k.tensor_split(num_splits, dim=1), v.tensor_split(num_splits, dim=1)):
-        x = (k_s @ q[..., None])[..., 0] / math.sqrt(E)
-        lse = torch.logsumexp(x, -1)
-        outs.append(torch.einsum("hl,hld->hd", torch.exp(x - lse[:, None]), v_s))
-        lses.append(lse)
-    split_out, split_lse = torch.stack(outs), torch.stack(lses)
-    w = torch.softmax(split_lse, dim=0)
-    return (w[..., None] * split_out).sum(0), split_out, split_lse
-''', "not torch.tensor_split's sizes"),
-    (_edit(_edit(_SPLIT, "lse = torch.logsumexp(x, dim=-1)                                   # (H, S)",
-                 "lse = torch.logsumexp(x, dim=-1) / math.log(2)                      # (H, S)"),
-           "torch.exp(x - lse[..., None])", "torch.exp(x - lse[..., None] * math.log(2))"), "NATURAL log-sum-exp"),
-    (_edit(_SPLIT, "return out, o.transpose(0, 1), lse.transpose(0, 1)",
-           "return out, (o * torch.exp(lse)[..., None]).transpose(0, 1), lse.transpose(0, 1)"),
-     "normalised over its own keys"),
-    (_edit(_SPLIT, " / math.sqrt(E)\n", "\n"), "1/sqrt(E)"),
+def merge_splits(split_out, split_lse):
+    l2 = split_lse / math.log(2)
+    m = l2.amax(0)
+    w = torch.exp2(l2 - m)
+    return (w[..., None] * split_out).sum(0) / w.sum(0)[..., None], m + torch.log2(w.sum(0))
+''', "NATURAL log"),
     ('''
-import torch.nn.functional as F
-
-def split_kv_decode(q, k, v, num_splits):
-    C = -(-k.shape[1] // num_splits)
-    outs = [F.scaled_dot_product_attention(q[:, None], k_s, v_s)[:, 0] for k_s, v_s in
-            zip(k.split(C, dim=1), v.split(C, dim=1))]
-    lses = [torch.logsumexp(k_s @ q[..., None] / q.shape[-1] ** 0.5, dim=1)[..., 0] for k_s in k.split(C, dim=1)]
-    split_out, split_lse = torch.stack(outs), torch.stack(lses)
-    return (torch.softmax(split_lse, 0)[..., None] * split_out).sum(0), split_out, split_lse
+from attn_course.decoding import merge_splits as course_merge
+def merge_splits(split_out, split_lse):
+    return course_merge(split_out, split_lse)
 ''', "FORBIDDEN"),
 ])
+
+
+ALSO_CORRECT = {
+    "14_paged_decode": [
+        # review 14-16: the online softmax one TOKEN at a time, reading each block once
+        '''
+import math
+
+def paged_decode(q, reader):
+    H, d = q.shape
+    m = torch.full((H,), -math.inf, dtype=q.dtype)
+    l = torch.zeros(H, dtype=q.dtype)
+    acc = torch.zeros(H, d, dtype=q.dtype)
+    for j, b in enumerate(reader.block_table.tolist()):
+        K, V = reader.read(b)
+        g = H // K.shape[0]
+        for i in range(min(reader.block_size, reader.seq_len - j * reader.block_size)):
+            k, v = K[:, i].repeat_interleave(g, 0), V[:, i].repeat_interleave(g, 0)     # (H, d): one token
+            s = (q * k).sum(-1) / math.sqrt(d)
+            m_new = torch.maximum(m, s)
+            a, p = torch.exp(m - m_new), torch.exp(s - m_new)
+            l, acc, m = a * l + p, a[:, None] * acc + p[:, None] * v, m_new
+    return acc / l[:, None]
+''',
+        # review 14-16: each block's own softmax, merged by log-sum-exp
+        '''
+import math
+
+def paged_decode(q, reader):
+    H, d = q.shape
+    out, lse = None, None
+    for j, b in enumerate(reader.block_table.tolist()):
+        K, V = reader.read(b)
+        n = min(reader.block_size, reader.seq_len - j * reader.block_size)
+        g = H // K.shape[0]
+        s = torch.einsum("hd,hnd->hn", q, K[:, :n].repeat_interleave(g, 0)) / math.sqrt(d)
+        lb = torch.logsumexp(s, -1)
+        ob = torch.einsum("hn,hnd->hd", torch.exp(s - lb[:, None]), V[:, :n].repeat_interleave(g, 0))
+        if out is None:
+            out, lse = ob, lb
+        else:
+            new = torch.logaddexp(lse, lb)
+            out, lse = torch.exp(lse - new)[:, None] * out + torch.exp(lb - new)[:, None] * ob, new
+    return out
+''',
+    ],
+    "14_split_kv": [
+        # review 14-16: base 2 inside (exp2/log2, as kernels do), the natural lse out
+        '''
+import math
+LOG2E = 1 / math.log(2)
+def merge_splits(split_out, split_lse):
+    l2 = split_lse * LOG2E
+    m = l2.amax(0)
+    w = torch.exp2(l2 - m)
+    total = w.sum(0)
+    return (w[..., None] * split_out).sum(0) / total[..., None], (m + torch.log2(total)) / LOG2E
+''',
+        # all at once with torch.logsumexp and softmax over the splits
+        '''
+def merge_splits(split_out, split_lse):
+    return torch.einsum("sh,shd->hd", torch.softmax(split_lse, 0), split_out), torch.logsumexp(split_lse, 0)
+''',
+    ],
+}

@@ -3,65 +3,60 @@ each misconception the judges name, and the shortcut the build exercise forbids 
 
 CELLS = {}
 
-CELLS["15_delta_rule"] = ("delta_rule", '''
-def delta_rule(q, k, v, g, beta):
-    """The matrix form S_t = a_t (I - b_t k kᵀ) S_{t-1} + b_t k vᵀ, one token at a time (attn_course not used)."""
-    B, H, L, dk = k.shape
+# 15.1: the step over a chunk of C tokens (the grader drives the recurrence: C = 1 in one case, 1-4 in the others)
+CELLS["15_delta_rule"] = ("delta_step", '''
+def delta_step(S, q, k, v, g, beta):
+    \"\"\"The matrix form S_t = a_t (I - b_t k kᵀ) S_{t-1} + b_t k vᵀ, token by token (attn_course not used).\"\"\"
+    dk = k.shape[-1]
     eye = torch.eye(dk, dtype=q.dtype)
-    S = torch.zeros(B, H, dk, v.shape[-1], dtype=q.dtype)
-    o = torch.empty(B, H, L, v.shape[-1], dtype=q.dtype)
-    for t in range(L):
+    o = torch.empty(*v.shape, dtype=q.dtype)
+    for t in range(k.shape[2]):
         kt = k[:, :, t].unsqueeze(-1)                                   # (B, H, dk, 1)
         a, b = torch.exp(g[:, :, t])[..., None, None], beta[:, :, t][..., None, None]
         S = a * (eye - b * kt @ kt.transpose(-1, -2)) @ S + b * kt @ v[:, :, t].unsqueeze(-2)
         o[:, :, t] = (S.transpose(-1, -2) @ q[:, :, t].unsqueeze(-1)).squeeze(-1)
-    return o, S
+    return S, o
 ''', [('''
-def delta_rule(q, k, v, g, beta):
-    B, H, L, dk = k.shape
-    S = torch.zeros(B, H, dk, v.shape[-1], dtype=q.dtype)
+def delta_step(S, q, k, v, g, beta):
     outs = []
-    for t in range(L):
+    for t in range(k.shape[2]):
         S = torch.exp(g[:, :, t])[..., None, None] * S + beta[:, :, t][..., None, None] * k[:, :, t, :, None] * v[:, :, t, None, :]
         outs.append((S * q[:, :, t, :, None]).sum(-2))
-    return torch.stack(outs, 2), S
+    return S, torch.stack(outs, 2)
 ''', "plain (decayed) linear attention"), ('''
-def delta_rule(q, k, v, g, beta):
-    B, H, L, dk = k.shape
-    S = torch.zeros(B, H, dk, v.shape[-1], dtype=q.dtype)
+def delta_step(S, q, k, v, g, beta):
     outs = []
-    for t in range(L):
+    for t in range(k.shape[2]):
         outs.append((S * q[:, :, t, :, None]).sum(-2))
         S = torch.exp(g[:, :, t])[..., None, None] * S
         u = beta[:, :, t, None] * (v[:, :, t] - (S * k[:, :, t, :, None]).sum(-2))
         S = S + k[:, :, t, :, None] * u[:, :, None, :]
-    return torch.stack(outs, 2), S
+    return S, torch.stack(outs, 2)
 ''', "read the state AFTER"), ('''
-def delta_rule(q, k, v, g, beta):
-    B, H, L, dk = k.shape
-    S = torch.zeros(B, H, dk, v.shape[-1], dtype=q.dtype)
+def delta_step(S, q, k, v, g, beta):
     outs = []
-    for t in range(L):
+    for t in range(k.shape[2]):
         S = g[:, :, t, None, None] * S
         u = beta[:, :, t, None] * (v[:, :, t] - (S * k[:, :, t, :, None]).sum(-2))
         S = S + k[:, :, t, :, None] * u[:, :, None, :]
         outs.append((S * q[:, :, t, :, None]).sum(-2))
-    return torch.stack(outs, 2), S
+    return S, torch.stack(outs, 2)
 ''', "log-decay"), ('''
-def delta_rule(q, k, v, g, beta):
-    """Keeps every state: S_all[:, :, t] = S_t (one per position)."""
-    B, H, L, dk = k.shape
-    S_all = torch.zeros(B, H, L + 1, dk, v.shape[-1], dtype=q.dtype)
-    for t in range(L):
-        S = torch.exp(g[:, :, t])[..., None, None] * S_all[:, :, t]
+def delta_step(S, q, k, v, g, beta):
+    # the state after the chunk's FIRST token is returned: the next call starts from the wrong state
+    outs, first = [], None
+    for t in range(k.shape[2]):
+        S = S * torch.exp(g[:, :, t])[..., None, None]
         u = beta[:, :, t, None] * (v[:, :, t] - (S * k[:, :, t, :, None]).sum(-2))
-        S_all[:, :, t + 1] = S + k[:, :, t, :, None] * u[:, :, None, :]
-    o = (S_all[:, :, 1:] * q[..., None]).sum(-2)
-    return o, S_all[:, :, -1]
-''', "one state per position"), ('''
+        S = S + k[:, :, t, :, None] * u[:, :, None, :]
+        first = S if first is None else first
+        outs.append((S * q[:, :, t, :, None]).sum(-2))
+    return first, torch.stack(outs, 2)
+''', "compare with"), ('''
 from attn_course.deltanet import gated_delta_rule_recurrent
-def delta_rule(q, k, v, g, beta):
-    return gated_delta_rule_recurrent(q, k, v, g, beta)
+def delta_step(S, q, k, v, g, beta):
+    o, S_new = gated_delta_rule_recurrent(q, k, v, g, beta, initial_state=S)
+    return S_new, o
 ''', "FORBIDDEN")])
 
 CELLS["15_sink_attention"] = ("sink_attn", '''
@@ -104,26 +99,38 @@ def sink_attn(q, k, v, sinks, mask):
 
 CELLS["15_cache_bytes"] = ("cache_bytes", '''
 def cache_bytes(layers, seq_len):
-    """Per group: numbers per layer, times the layer count; 2 bytes each (bf16)."""
+    \"\"\"Per group: bytes per layer (bf16 caches, fp32 delta states), times the layer count.\"\"\"
     rules = {
-        "gqa": lambda d: 2 * d["num_kv_heads"] * d["head_dim"] * min(seq_len, d.get("window") or seq_len),
-        "mla": lambda d: (d["kv_lora_rank"] + d["qk_rope_head_dim"]) * seq_len,
-        "delta": lambda d: d["num_heads"] * d["k_head_dim"] * d["head_dim"] + d["conv_channels"] * (d["conv_kernel"] - 1),
+        "gqa": lambda d: 2 * 2 * d["num_kv_heads"] * d["head_dim"] * min(seq_len, d.get("window") or seq_len),
+        "mla": lambda d: 2 * (d["kv_lora_rank"] + d["qk_rope_head_dim"]) * seq_len,
+        "delta": lambda d: 4 * (d["num_heads"] * d["k_head_dim"] * d["head_dim"] + d["conv_channels"] * (d["conv_kernel"] - 1)),
     }
-    return sum(2 * rules[d["kind"]](d) * d["count"] for d in layers)
+    return sum(rules[d["kind"]](d) * d["count"] for d in layers)
 ''', [('''
 def cache_bytes(layers, seq_len):
     total = 0
     for d in layers:
         if d["kind"] == "gqa":
-            total += 2 * d["num_kv_heads"] * d["head_dim"] * seq_len * d["count"]
+            total += 2 * 2 * d["num_kv_heads"] * d["head_dim"] * seq_len * d["count"]
         elif d["kind"] == "mla":
-            total += (d["kv_lora_rank"] + d["qk_rope_head_dim"]) * seq_len * d["count"]
+            total += 2 * (d["kv_lora_rank"] + d["qk_rope_head_dim"]) * seq_len * d["count"]
         else:
-            total += (d["num_heads"] * d["k_head_dim"] * d["head_dim"] + d["conv_channels"] * 3) * d["count"]
-    return 2 * total
+            total += 4 * (d["num_heads"] * d["k_head_dim"] * d["head_dim"] + d["conv_channels"] * 3) * d["count"]
+    return total
 ''', "min(seq_len, window)"), ('''
 def cache_bytes(layers, seq_len):
+    total = 0
+    for d in layers:
+        if d["kind"] == "gqa":
+            total += 2 * 2 * d["num_kv_heads"] * d["head_dim"] * min(seq_len, d.get("window", seq_len)) * d["count"]
+        elif d["kind"] == "mla":
+            total += 2 * (d["kv_lora_rank"] + d["qk_rope_head_dim"]) * seq_len * d["count"]
+        else:
+            total += 4 * (d["num_heads"] * d["k_head_dim"] * d["head_dim"] + d["conv_channels"] * 3) * seq_len * d["count"]
+    return total
+''', "does not grow with the sequence"), ('''
+def cache_bytes(layers, seq_len):
+    \"\"\"Everything in bf16 (the lesson's table before review M15-4).\"\"\"
     total = 0
     for d in layers:
         if d["kind"] == "gqa":
@@ -131,31 +138,78 @@ def cache_bytes(layers, seq_len):
         elif d["kind"] == "mla":
             total += (d["kv_lora_rank"] + d["qk_rope_head_dim"]) * seq_len * d["count"]
         else:
-            total += (d["num_heads"] * d["k_head_dim"] * d["head_dim"] + d["conv_channels"] * 3) * seq_len * d["count"]
+            total += (d["num_heads"] * d["k_head_dim"] * d["head_dim"] + d["conv_channels"] * 3) * d["count"]
     return 2 * total
-''', "does not grow with the sequence")])
+''', "kept in fp32")])
 
-CELLS["15_crossover"] = ("crossover", '''
+_CROSS = '''
 import math
 
 def crossover(layers):
-    """Numbers, not bytes: the dtype cancels."""
-    state = sum(d["count"] * (d["num_heads"] * d["k_head_dim"] * d["head_dim"] + d["conv_channels"] * (d["conv_kernel"] - 1))
+    \"\"\"Bytes: the delta state in fp32 (4), the attention cache in bf16 (2).\"\"\"
+    state = sum(4 * d["count"] * (d["num_heads"] * d["k_head_dim"] * d["head_dim"] + d["conv_channels"] * (d["conv_kernel"] - 1))
                 for d in layers if d["kind"] == "delta")
-    grow = sum(d["count"] * (2 * d["num_kv_heads"] * d["head_dim"] if d["kind"] == "gqa" else d["kv_lora_rank"] + d["qk_rope_head_dim"])
+    grow = sum(2 * d["count"] * (2 * d["num_kv_heads"] * d["head_dim"] if d["kind"] == "gqa" else d["kv_lora_rank"] + d["qk_rope_head_dim"])
                for d in layers if d["kind"] != "delta")
-    return math.ceil(state / grow) if state % grow else state // grow
-''', [('''
+    return ROUND
+'''
+
+CELLS["15_crossover"] = ("crossover", _CROSS.replace("ROUND", "math.ceil(state / grow) if state % grow else state // grow"), [
+    (_CROSS.replace("ROUND", "state // grow"), "round UP"),
+    # review 14-16 (15.4): "strictly more than": floor + 1 -- wrong exactly when the state is a multiple
+    (_CROSS.replace("ROUND", "state // grow + 1"), "ceil, not floor + 1"),
+    (_CROSS.replace("ROUND", "-(-state // grow)").replace("sum(4 * d", "sum(2 * d"), "compare bytes, not numbers"),
+    (_CROSS.replace("ROUND", "-(-state // grow)").replace(' + d["conv_channels"] * (d["conv_kernel"] - 1)', ""),
+     "convolution"),
+])
+
+
+ALSO_CORRECT = {
+    "15_delta_rule": [
+        # review 14-16 M15-6: the lesson's chunked (UT) form, applied to each chunk the grader hands over, with
+        # the state carried in: a triangular solve for the pseudo-values U, then outputs and the new state
+        '''
+def delta_step(S, q, k, v, g, beta):
+    C = k.shape[2]
+    gam = g.cumsum(-1)                                                  # log Γ_t: cumulative decay in the chunk
+    decay = torch.exp(gam[..., :, None] - gam[..., None, :]).tril()     # Γ_t / Γ_i for i <= t
+    A = (beta[..., :, None] * decay * (k @ k.transpose(-1, -2))).tril(-1)
+    rhs = beta[..., None] * (v - torch.exp(gam)[..., None] * (k @ S))
+    U = torch.linalg.solve_triangular(torch.eye(C, dtype=k.dtype) + A, rhs, upper=False)
+    o = torch.exp(gam)[..., None] * (q @ S) + (decay * (q @ k.transpose(-1, -2))) @ U
+    S_new = torch.exp(gam[..., -1:])[..., None] * S + (k * torch.exp(gam[..., -1:] - gam)[..., None]).transpose(-1, -2) @ U
+    return S_new, o
+''',
+        # review 14-16 H15-1's list of states, now inside one step: it holds at most the chunk's C <= 4 states
+        # (the grader keeps the sequence), and each o_t is read from its own state -- right, full marks
+        '''
+def delta_step(S, q, k, v, g, beta):
+    states = []
+    for t in range(k.shape[2]):
+        S = S * torch.exp(g[:, :, t])[..., None, None]
+        u = beta[:, :, t, None] * (v[:, :, t] - torch.einsum("bhkv,bhk->bhv", S, k[:, :, t]))
+        S = S + torch.einsum("bhk,bhv->bhkv", k[:, :, t], u)
+        states.append(S)
+    o = torch.stack([torch.einsum("bhkv,bhk->bhv", St, q[:, :, t]) for t, St in enumerate(states)], 2)
+    return states[-1], o
+''',
+    ],
+    "15_crossover": [
+        # review 14-16: a binary search on L over the bytes themselves
+        '''
 def crossover(layers):
-    state = sum(d["count"] * (d["num_heads"] * d["k_head_dim"] * d["head_dim"] + d["conv_channels"] * (d["conv_kernel"] - 1))
+    def cache(L):
+        return sum(2 * d["count"] * L * (2 * d["num_kv_heads"] * d["head_dim"] if d["kind"] == "gqa"
+                                         else d["kv_lora_rank"] + d["qk_rope_head_dim"]) for d in layers if d["kind"] != "delta")
+    state = sum(4 * d["count"] * (d["num_heads"] * d["k_head_dim"] * d["head_dim"] + d["conv_channels"] * (d["conv_kernel"] - 1))
                 for d in layers if d["kind"] == "delta")
-    grow = sum(d["count"] * (2 * d["num_kv_heads"] * d["head_dim"] if d["kind"] == "gqa" else d["kv_lora_rank"] + d["qk_rope_head_dim"])
-               for d in layers if d["kind"] != "delta")
-    return state // grow
-''', "round UP"), ('''
-def crossover(layers):
-    state = sum(d["count"] * d["num_heads"] * d["k_head_dim"] * d["head_dim"] for d in layers if d["kind"] == "delta")
-    grow = sum(d["count"] * (2 * d["num_kv_heads"] * d["head_dim"] if d["kind"] == "gqa" else d["kv_lora_rank"] + d["qk_rope_head_dim"])
-               for d in layers if d["kind"] != "delta")
-    return -(-state // grow)
-''', "convolution")])
+    lo, hi = 0, 1
+    while cache(hi) < state:
+        hi *= 2
+    while lo + 1 < hi:                                  # cache(lo) < state <= cache(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if cache(mid) < state else (lo, mid)
+    return hi
+''',
+    ],
+}

@@ -273,32 +273,46 @@ def test_decode_reference_and_solution_style_pass():
     assert_all_pass("12_absorbed_decode", absorbed_decode)
 
 
-@pytest.mark.parametrize("values_only, hint", [(False, "B·H·S·min(d_nope, d_v)"),
-                                               (True, "W_UV was applied to the cache before the weighted sum")])
-def test_decode_materialising_keys_or_values_fails_every_case(values_only, hint):
-    """The property: the naive step (and the absorbed one that up-projects the values) computes the right
-    numbers but forms a per-head tensor; every case fails, naming it."""
+def naive_per_head(q_nope, q_rope, c_kv, k_rope, kv_b_weight):
+    """The naive step one head at a time (review 08-13 H12-1): no tensor of B·H·S·d elements, the same work."""
+    B, H, dn = q_nope.shape
+    S, dr = k_rope.shape[1:]
+    W = kv_b_weight.view(H, -1, c_kv.shape[-1])
+    q_r = _rope_at(q_rope, S - 1)
+    outs = []
+    for h in range(H):
+        k, v = c_kv @ W[h, :dn].T, c_kv @ W[h, dn:].T
+        s = torch.einsum("bd,bsd->bs", q_nope[:, h], k) + torch.einsum("br,bsr->bs", q_r[:, h], k_rope)
+        outs.append(torch.einsum("bs,bsv->bv", (s / math.sqrt(dn + dr)).softmax(-1), v))
+    return torch.stack(outs, 1)
+
+
+@pytest.mark.parametrize("fn", [lambda *a: naive_decode(*a), lambda *a: naive_decode(*a, values_only=True),
+                                naive_per_head], ids=["naive", "values_up_projected", "naive_per_head"])
+def test_decode_up_projecting_the_cache_fails_every_case_on_its_flops(fn):
+    """The property: the naive step — all heads at once, one head at a time, or only the values up-projected —
+    computes the right numbers but counts well over 1.5× the absorbed step's FLOPs; every case fails, naming it."""
     from exercise_kit import results
-    fn = lambda *a: naive_decode(*a, values_only=values_only)
     for seed in (0, 1, 2):
         res = results("12_absorbed_decode", fn, seed)
-        assert res and not any(ok for ok, _ in res) and all(hint in msg for _, msg in res), res
+        assert res and not any(ok for ok, _ in res), res
+        assert all("rule: trace budget — counted FLOPs" in msg and "up-projected" in msg for _, msg in res), res
     ex = get("12_absorbed_decode")                              # the numbers themselves are right
     case = ex.cases(torch.Generator().manual_seed(0))[0]
     torch.testing.assert_close(fn(*case.inputs.values()), ex.expected(case)["out"], atol=1e-4, rtol=1e-3)
 
 
-def test_decode_cases_leave_room_for_the_absorbed_step():
-    """Every case: what the absorbed step must hold (kv_b's weight, the shared key [c_kv ; k_rope]) is below the
-    limit, while the per-head keys and values reach it; d_nope, d_v, d_c differ (the message names the tensor)."""
-    from attn_course.grading.exercises.lesson12 import _dec_limit, _dec_sizes
+def test_decode_flop_budget_is_the_absorbed_count():
+    """The reference's counted FLOPs are the closed form 2·B·H·(d_c(d_nope + d_v) + S(2d_c + d_R)), and the naive
+    step's are at least twice it on every case (so 1.5× separates them with room)."""
+    from attn_course.grading.exercises.lesson12 import _dec_reference, _dec_sizes, counted_flops
     ex = get("12_absorbed_decode")
     for seed in range(10):
         for case in ex.cases(torch.Generator().manual_seed(seed)):
             B, H, S, dn, dr, dv, dc = _dec_sizes(case)
-            limit = _dec_limit(case)
-            assert H * (dn + dv) * dc < limit and B * S * (dc + dr) < limit
-            assert B * H * S * dn >= limit and B * H * S * dv >= limit and len({dn, dv, dc}) == 3
+            ref = counted_flops(_dec_reference, *case.inputs.values())[1]
+            assert ref == 2 * B * H * (dc * (dn + dv) + S * (2 * dc + dr))
+            assert counted_flops(naive_per_head, *case.inputs.values())[1] >= 2 * ref
 
 
 @pytest.mark.parametrize("mistake, hint", [

@@ -133,120 +133,89 @@ def test_causal_blocks():
     assert_hint("13_causal_blocks", lambda r, s, P: 2 if s < r else 1, "skip them instead", every=True)
 
 
-# ---- 13_ring_loop (build: the ring loop on the simulated ring) ----
+# ---- 13_ring_loop (build: one rank's step, the grader drives the ring) ----
 
-def make_ring(merge="lse", diagonal=True, skip_future=True, skip_own=False, index="r-t", scale=True,
-              passes="all", keep=False, lse_max=False, lse_last=False):
-    """A ring loop with one knob per mistake (the defaults are right)."""
-    def ring_forward(q, rank, world, ring, causal):
-        out, lse, n, kept = None, torch.full(q.shape[:-1], -math.inf, dtype=q.dtype), 0, []
-        for t in range(world):
-            k, v = ring.kv()
-            if out is None:
-                out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
-            if keep:
-                kept.append(k)                                   # a list of shards: the ring refuses
-            src = {"r-t": (rank - t) % world, "r+t": (rank + t) % world, "nomod": rank - t}[index]
-            skip = causal and ((skip_future and src > rank) or (skip_own and src == rank))
-            if not skip:
-                s = q @ k.transpose(-2, -1) * (q.shape[-1] ** -0.5 if scale else 1.0)
-                if causal and diagonal and src == rank:
-                    s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
-                lb = torch.logsumexp(s, -1)
-                ob = torch.exp(s - lb[..., None]) @ v
-                new = torch.logaddexp(lse, lb)
-                if merge == "lse":
-                    out = torch.exp(lse - new)[..., None] * out + torch.exp(lb - new)[..., None] * ob
-                elif merge == "mean":
-                    out = (out * n + ob) / (n + 1)
-                elif merge == "sum":
-                    out = out + ob
-                lse = torch.maximum(lse, lb) if lse_max else new
-                last = lb
-                n += 1
-            if t < world - 1 and (passes in ("all", "P") or (passes == "until done" and not (causal and t >= rank))):
-                ring.pass_on()
-        if passes == "P":
-            ring.pass_on()
-        return out, (last if lse_last else lse)
-    return ring_forward
+def make_step(merge="lse", diagonal=True, skip_future=True, skip_own=False, index="r-t", scale=True, lse_max=False):
+    """One rank's step with one knob per mistake (the defaults are right)."""
+    def ring_step(q, k, v, state, rank, step, world, causal):
+        out, lse = state
+        src = {"r-t": (rank - step) % world, "r+t": (rank + step) % world, "nomod": rank - step}[index]
+        if causal and ((skip_future and src > rank) or (skip_own and src == rank)):
+            return out, lse
+        s = q @ k.transpose(-2, -1) * (q.shape[-1] ** -0.5 if scale else 1.0)
+        if causal and diagonal and src == rank:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+        lb = torch.logsumexp(s, -1)
+        ob = torch.exp(s - lb[..., None]) @ v
+        new = torch.logaddexp(lse, lb)
+        out = {"lse": lambda: torch.exp(lse - new)[..., None] * out + torch.exp(lb - new)[..., None] * ob,
+               "sum": lambda: out + ob}[merge]()
+        return out, torch.maximum(lse, lb) if lse_max else new
+    return ring_step
 
 
-def ring_gather(q, rank, world, ring, causal):
-    """Collect every shard (copies), then attend to the whole K/V at once."""
-    ks, vs = [], []
-    for t in range(world):
-        k, v = ring.kv()
-        ks.append(k.clone())
-        vs.append(v.clone())
-        if t < world - 1:
-            ring.pass_on()
-    order = [(rank - t) % world for t in range(world)]
-    K = torch.cat([ks[order.index(s)] for s in range(world)], -2)
-    V = torch.cat([vs[order.index(s)] for s in range(world)], -2)
-    s = q @ K.transpose(-2, -1) / math.sqrt(q.shape[-1])
+def step_gather(q, k, v, state, rank, step, world, causal, _seen=[]):
+    """Keep every shard received and attend to all of them at each step (a gather over the steps)."""
+    if step == 0:
+        _seen.clear()
+    _seen.append(((rank - step) % world, k, v))
+    c = q.shape[-2]
+    K, V = torch.cat([x[1] for x in _seen], -2), torch.cat([x[2] for x in _seen], -2)
+    pos_k = torch.cat([torch.arange(s * c, (s + 1) * c) for s, _, _ in _seen])
+    sc = q @ K.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if causal:
-        c = q.shape[-2]
-        pos_q = torch.arange(rank * c, (rank + 1) * c)
-        s = s.masked_fill(torch.arange(K.shape[-2])[None, :] > pos_q[:, None], -math.inf)
-    return torch.softmax(s, -1) @ V, torch.logsumexp(s, -1)
+        sc = sc.masked_fill(pos_k[None, :] > torch.arange(rank * c, rank * c + c)[:, None], -math.inf)
+    return torch.softmax(sc, -1) @ V, torch.logsumexp(sc, -1)
 
 
-def ring_positions_style(q, rank, world, ring, causal, skip=True):
-    """Another correct style: the causal mask built from global positions, running max and sum as in lesson 08.
-    ``skip=False``: later shards computed and masked (all −∞) instead of skipped — right values, but the work
-    the causal skip saves (review 08-14, 13.6)."""
-    c, scale = q.shape[-2], 1 / math.sqrt(q.shape[-1])
-    pos_q = torch.arange(rank * c, (rank + 1) * c)
-    m = torch.full((*q.shape[:-1], 1), -math.inf, dtype=q.dtype)
-    den, acc = torch.zeros_like(m), 0.0
-    for t in range(world):
-        k, v = ring.kv()
-        src = (rank - t) % world
-        if not (skip and causal and src > rank):
-            s = torch.einsum("bhqe,bhke->bhqk", q, k) * scale
-            if causal:
-                s = s.masked_fill(torch.arange(src * c, (src + 1) * c)[None, :] > pos_q[:, None], -math.inf)
-            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
-            safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-            p = torch.exp(s - safe)
-            alpha = torch.exp(m - safe)
-            den, acc, m = alpha * den + p.sum(-1, keepdim=True), alpha * acc + p @ v, m_new
-        if t + 1 < world:
-            ring.pass_on()
-    return acc / den, (m + den.log()).squeeze(-1)
+def step_positions_style(q, k, v, state, rank, step, world, causal, skip=True):
+    """Another correct style: the causal mask built from global positions, lesson 08's max shift.
+    ``skip=False``: a later shard computed and masked (all −∞) instead of skipped — right values, but the work
+    the causal skip saves (review 08-13, 13.6)."""
+    out, lse = state
+    c, src = q.shape[-2], (rank - step) % world
+    if skip and causal and src > rank:
+        return state
+    s = torch.einsum("bhqe,bhke->bhqk", q, k) / math.sqrt(q.shape[-1])
+    if causal:
+        s = s.masked_fill(torch.arange(src * c, (src + 1) * c)[None, :] > torch.arange(rank * c, (rank + 1) * c)[:, None],
+                          -math.inf)
+    m = torch.maximum(lse, s.amax(-1))
+    safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    p, a = torch.exp(s - safe[..., None]), torch.exp(lse - safe)
+    l = a + p.sum(-1)
+    lsafe = torch.where(l == 0, torch.ones_like(l), l)
+    return (a[..., None] * out + p @ v) / lsafe[..., None], safe + torch.log(l)
 
 
 def test_ring_loop():
-    assert_all_pass("13_ring_loop", make_ring())
-    assert_all_pass("13_ring_loop", ring_positions_style)
-    assert_hint("13_ring_loop", partial(ring_positions_style, skip=False),
-                "masking them with −∞ does the work", every=True)
-    for merge in ("mean", "sum"):
-        assert_hint("13_ring_loop", make_ring(merge=merge), "without their log-sum-exps", every=True)
-    assert_hint("13_ring_loop", make_ring(scale=False), "not scaled", every=True)
-    assert_hint("13_ring_loop", make_ring(lse_max=True), "not the max", every=True)
-    assert_hint("13_ring_loop", make_ring(lse_last=True), "not the last block's", every=True)
+    assert_all_pass("13_ring_loop", make_step())
+    assert_all_pass("13_ring_loop", step_positions_style)
+    assert_hint("13_ring_loop", partial(step_positions_style, skip=False),
+                "masking with −∞ does the work", every=True)
+    assert_hint("13_ring_loop", make_step(merge="sum"), "without their log-sum-exps", every=True)
+    assert_hint("13_ring_loop", make_step(scale=False), "not scaled", every=True)
+    assert_hint("13_ring_loop", make_step(lse_max=True), "not the max", every=True)
     # causal mistakes: named on every causal case (the non-causal case passes)
     for kw, hint in [(dict(diagonal=False), "diagonal block"), (dict(skip_future=False, diagonal=False), "mask is missing"),
-                     (dict(skip_future=False), "LATER ranks"), (dict(index="nomod"), "without the mod"),
-                     (dict(skip_own=True), "cannot be skipped"), (dict(index="r+t"), "not (r + t) mod P")]:
-        res = exercise_kit.results("13_ring_loop", make_ring(**kw))
+                     (dict(index="nomod"), "without the mod"), (dict(skip_own=True), "cannot be skipped"),
+                     (dict(index="r+t"), "not (r + t) mod P")]:
+        res = exercise_kit.results("13_ring_loop", make_step(**kw))
         assert [ok for ok, _ in res] == [True, False, False], (kw, res)
         assert all(hint in msg for ok, msg in res if not ok), (kw, res)
-    # "future not skipped" and "r − t without the mod" give the same numbers: one hint names both
-    assert_hint("13_ring_loop", make_ring(skip_future=False), "without the mod")
 
 
-def test_ring_loop_property_checks():
-    """What each rank holds: one shard at a time (a list of shards is refused by the ring, a gathered K/V by
-    the largest-tensor counter), exactly P − 1 passes."""
-    assert_hint("13_ring_loop", make_ring(keep=True), "keeps ONE shard at a time", every=True)
-    assert_hint("13_ring_loop", ring_gather, "never gathers them", every=True)
-    assert_hint("13_ring_loop", make_ring(passes="P"), "back where it started", every=True)
-    res = exercise_kit.results("13_ring_loop", make_ring(passes="until done"))
-    assert [ok for ok, _ in res] == [True, False, False], res         # right numbers, but it stops relaying
-    assert all("every rank passes its shard on P − 1" in msg for ok, msg in res if not ok), res
+def test_ring_loop_work_per_step():
+    """The grader counts each call's FLOPs: a later rank's shard computed and masked (right values) is named on
+    every causal case, computed unmasked (wrong values) too; attending to every shard seen so far fails on every
+    case; the reference counts exactly one block per kept step and nothing on a skipped one."""
+    res = exercise_kit.results("13_ring_loop", make_step(skip_future=False))
+    assert [ok for ok, _ in res] == [True, False, False] and all("LATER rank" in m for ok, m in res if not ok), res
+    assert_hint("13_ring_loop", step_gather, "attends to the ONE shard it is given", every=True)
+    ex = L13.EXERCISES[-1]
+    for case in ex.cases(torch.Generator().manual_seed(0)):
+        got = ex.answer(make_step(), case)["flops"]
+        assert torch.equal(got, ex.expected(case)["flops"]), (case.name, got)
 
 
 def test_simulated_ring_follows_the_schedule_and_counts():
@@ -289,7 +258,7 @@ def test_ring_loop_solution_gets_full_marks_and_the_released_stub_zero(folder, p
     nb = nbk.read(next((root / folder).glob("13_*.ipynb")))
     source = nbk.exercise_cells(nb)["13_ring_loop"]["source"]
     source = source if isinstance(source, str) else "".join(source)
-    result = check("13_ring_loop", run_cell(source)["ring_forward"])
+    result = check("13_ring_loop", run_cell(source)["ring_step"])
     capsys.readouterr()
     assert result.score == points
     assert result.status == ("checked" if points else "not attempted")

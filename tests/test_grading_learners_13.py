@@ -2,7 +2,7 @@
 
 * a cell that HARD-CODES the answers the self-check shows gets full marks from ``check()`` but nothing on the
   grader's held-out inputs (drawn as the grader draws them: ``held_out_cases(ex, held_out_seed(cell))``);
-* the real bulk grader (sandboxed child, runtime guard, the simulated ring of 13.6 inside it) agrees with
+* the real bulk grader (sandboxed child, runtime guard, the ring of 13.6 driven inside it) agrees with
   ``check()`` exercise by exercise on lesson 13's learner cells.
 """
 import pytest
@@ -48,10 +48,11 @@ def test_hard_coded_answers_pass_the_self_check_but_not_the_grader(ex_id, monkey
     assert result.held_out and result.score == 0
 
 
-@pytest.mark.parametrize("n, hint", [(0, "without their log-sum-exps"), (12, "keeps ONE shard at a time"),
-                                     (13, "never gathers them")])
+@pytest.mark.parametrize("n, hint", [(0, "without their log-sum-exps"), (9, "attends to the ONE shard it is given"),
+                                     (10, "attends to the ONE shard it is given"), (13, "nothing else travels with it")])
 def test_every_ring_loop_case_exercises_the_point(n, hint, capsys):
-    """Averaging, a list of shards and a gathered K/V fail on every case, causal or not."""
+    """A sum of the blocks, every shard seen so far re-attended at each step, the grader's private shard lists
+    read at step 0, and shards riding along in the state fail on every case, causal or not."""
     source, named = CELLS["13_ring_loop"][2][n]
     assert named == hint
     result = check_cell("13_ring_loop", source)
@@ -61,7 +62,7 @@ def test_every_ring_loop_case_exercises_the_point(n, hint, capsys):
 
 
 def test_grader_agrees_with_check_on_lesson_13(tmp_path, capsys):
-    """The sandboxed grader runs the simulated ring (13.6) like check() does: correct cells get full marks,
+    """The sandboxed grader drives the ring (13.6) like check() does: correct cells get full marks,
     the first misconception of each exercise misses them with its hint, points equal exercise by exercise."""
     from attn_course.grading.runner import Options, grade_batch
     stem = next(p.stem for p in (ROOT / "solutions").glob("13_*.ipynb"))

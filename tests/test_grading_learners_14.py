@@ -3,7 +3,8 @@ every cell of tests/learner_cells_14.py through ``check()``):
 
 * a cell that HARD-CODES the answers the self-check shows gets full marks from ``check()`` but nothing on the
   grader's held-out inputs (drawn as the grader draws them: ``held_out_cases(ex, held_out_seed(cell))``);
-* gathering the sequence into one tensor fails every case of the paged decode step, with the size message;
+* gathering what the block reader handed out into one tensor fails every case of the paged decode step, with the
+  size message;
 * the real bulk grader (sandboxed child, runtime guard, the tensor-size watch) agrees with ``check()``
   exercise by exercise on lesson 14's learner cells.
 """
@@ -51,7 +52,7 @@ def test_hard_coded_answers_pass_the_self_check_but_not_the_grader(ex_id, monkey
 
 def test_gathering_fails_every_case_of_the_paged_decode(capsys):
     source, hint = CELLS["14_paged_decode"][2][4]
-    assert hint == "whole sequence's keys or values gathered"
+    assert hint == "gathered into one tensor"
     result = check_cell("14_paged_decode", source)
     capsys.readouterr()
     assert result.cases and not any(c.ok for c in result.cases) and result.score == 0

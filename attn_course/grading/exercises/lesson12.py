@@ -11,14 +11,28 @@ import math
 
 import torch
 
-from ..spec import (Case, Exercise, FORBID_COURSE, Verdict, close, diagnose, randint, choice, draw, distinct,
-                    limit_numel)
+from ..spec import Case, Exercise, FORBID_COURSE, Verdict, close, diagnose, randint, choice, draw, distinct
 from .lesson07 import _rope
 
 SANDBOX_ALLOW = ("attn_course.rope",)          # 12.4's cell imports apply_rope
-__all__ = ["EXERCISES"]
+__all__ = ["EXERCISES", "counted_flops", "OverBudget"]
 
 _F64 = torch.float64
+
+
+class OverBudget(Exception):
+    """The learner's call counted more FLOPs than the exercise allows against the reference on the same case."""
+
+
+def counted_flops(fn, *args):
+    """``(fn(*args), FLOPs)``: the FLOPs torch's ``FlopCounterMode`` counted while ``fn`` ran (matrix products —
+    ``mm``, ``bmm``, ``einsum``, ``@``, ``F.linear`` — 2 per multiply-add). A stand-in for the trace budget of
+    ``grading/budget.py`` (issue 39): when it lands, 12.5 becomes ``budget={"flops": 1.5}`` with
+    ``reference_fn=_dec_reference`` and 13.6 counts each step with its ``Trace``."""
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as counter:
+        out = fn(*args)
+    return out, counter.get_total_flops()
 
 
 def _max_diff(got: torch.Tensor, want: torch.Tensor) -> str:
@@ -246,22 +260,14 @@ def _dec_sizes(case):
     return B, H, S, dn, case.inputs["q_rope"].shape[-1], case.inputs["kv_b_weight"].shape[0] // H - dn, dc
 
 
-def _dec_limit(case):
-    """Elements of the smaller of the per-head keys (B·H·S·d_nope) and values (B·H·S·d_v): no tensor that large."""
-    B, H, S, dn, dr, dv, dc = _dec_sizes(case)
-    return B * H * S * min(dn, dv)
-
-
 def _dec_cases(gen):
     def make(g):
         return (randint(g, 1, 2), randint(g, 3, 4), randint(g, 18, 40), choice(g, (4, 6, 8)), choice(g, (2, 4)),
                 choice(g, (4, 6, 8)), choice(g, (6, 8, 10)))
 
-    def ok(s):              # what an absorbed step holds (kv_b's weight, the shared key [c_kv; k_rope]) stays below
-        B, H, S, dn, dr, dv, dc = s                                      # the limit; every scale mistake differs
-        limit = B * H * S * min(dn, dv)
-        return (H * (dn + dv) * dc < limit and B * S * (dc + dr) < limit and distinct(dn, dn + dr, dc + dr)
-                and distinct(dn, dv, dc))          # keys, values and latent are told apart by their width
+    def ok(s):                                   # every scale mistake differs; keys, values and latent differ in width
+        B, H, S, dn, dr, dv, dc = s
+        return distinct(dn, dn + dr, dc + dr) and distinct(dn, dv, dc)
     cases = []
     for B, H, S, dn, dr, dv, dc in (draw(gen, make, ok) for _ in range(3)):
         t = {"q_nope": torch.randn(B, H, dn, generator=gen), "q_rope": torch.randn(B, H, dr, generator=gen),
@@ -271,9 +277,28 @@ def _dec_cases(gen):
     return cases
 
 
+_DEC_FLOPS = 1.5        # the learner's step may count at most this many times the absorbed reference's FLOPs
+
+
+def _dec_reference(q_nope, q_rope, c_kv, k_rope, kv_b_weight):
+    """The absorbed step in plain torch, in the inputs' dtype: whose counted FLOPs set the budget,
+    2·B·H·(d_c·(d_nope + d_v) + S·(2·d_c + d_R))."""
+    (B, H, dn), (S, dc), dr = q_nope.shape, c_kv.shape[1:], q_rope.shape[-1]
+    W = kv_b_weight.view(H, -1, dc)
+    q_lat = torch.einsum("bhd,hdc->bhc", q_nope, W[:, :dn])                 # W_UK absorbed into the query
+    q_rot = _rope(q_rope[:, :, None], torch.tensor([S - 1]))[:, :, 0].to(q_nope.dtype)
+    s = (torch.einsum("bhc,bsc->bhs", q_lat, c_kv) + torch.einsum("bhr,bsr->bhs", q_rot, k_rope)) / math.sqrt(dn + dr)
+    return torch.einsum("bhc,hvc->bhv", torch.einsum("bhs,bsc->bhc", s.softmax(-1), c_kv), W[:, dn:])
+
+
 def _dec_answer(fn, case):
-    i = case.inputs
-    return {"out": fn(i["q_nope"], i["q_rope"], i["c_kv"], i["k_rope"], i["kv_b_weight"])}
+    args = [case.inputs[x] for x in ("q_nope", "q_rope", "c_kv", "k_rope", "kv_b_weight")]
+    out, mine = counted_flops(fn, *(a.clone() for a in args))
+    ref = counted_flops(_dec_reference, *args)[1]
+    if mine > _DEC_FLOPS * ref:
+        raise OverBudget(f"rule: trace budget — counted FLOPs ({mine:,}) were {mine / ref:.1f}× the absorbed step's "
+                         f"({ref:,}; limit {_DEC_FLOPS}×): the cache was up-projected into per-head keys or values")
+    return {"out": out}
 
 
 def _dec_split(W, H, dn, dv, dc, how):
@@ -345,24 +370,6 @@ def _dec_judge(got, want, case):
        f"with p = softmax((W_UK[h]ᵀ q_nope)·c_s + RoPE(q_rope)·k_rope_s) / sqrt(d_nope + d_R)).")
 
 
-def _dec_materialised(case, shape, limit):
-    """Names the tensor that broke the limit by its shape (the cases keep d_nope, d_v and d_c apart). Short: the
-    feedback keeps the first 240 characters of an error."""
-    B, H, S, dn, dr, dv, dc = _dec_sizes(case)
-    what = {(B, H, S, dv): "per-head values — W_UV was applied to the cache before the weighted sum; sum the "
-                           "latents first, then apply W_UV",
-            (B, H, S, dn): "per-head keys — W_UK was applied to the cache; absorb it into the query instead",
-            (B, H, S, dc): "a per-head COPY of the latent (repeat, or .contiguous() of an expand); keep c_kv "
-                           "shared — an expand view is fine",
-            (B, S, H * (dn + dv)): "per-head keys and values — kv_b_proj was applied to the cache; absorb W_UK "
-                                   "into the query, apply W_UV after the weighted sum"}
-    what[(B, S, H * dv)], what[(B, S, H * dn)] = what[(B, H, S, dv)], what[(B, H, S, dn)]
-    # the same axes in another order (a transposed key, (B, S, H, d) before a transpose) name the same tensor
-    named = what.get(tuple(shape)) or next((text for key, text in what.items() if sorted(key) == sorted(shape)), None)
-    return (f"your code formed a {shape} tensor (≥ {limit} elements = B·H·S·min(d_nope, d_v)): "
-            + (named or "as large as per-head keys or values, which absorbed decoding never forms") + ".")
-
-
 EXERCISES = [
     Exercise("12_cache_bytes", 1, "MLA's cache in bytes",
              "a function mla_cache_bytes(seq_len, batch_size, num_layers, num_heads, kv_lora_rank, "
@@ -380,6 +387,6 @@ EXERCISES = [
              _fix_cases, _fix_answer, _fix_expected, _fix_judge, kind="debug"),
     Exercise("12_absorbed_decode", 4, "The absorbed decode step over the latent cache",
              "a function absorbed_decode(q_nope, q_rope, c_kv, k_rope, kv_b_weight) -> (B, H, d_v)",
-             _dec_cases, limit_numel(_dec_answer, _dec_limit, _dec_materialised), _dec_expected, _dec_judge,
+             _dec_cases, _dec_answer, _dec_expected, _dec_judge,
              forbidden=FORBID_COURSE, kind="build"),
 ]

@@ -12,10 +12,8 @@ import math
 
 import torch
 
-from ...ring_sim import run_ring
-from ..guard import TensorCallWatch, Work
-from ..spec import (Case, Exercise, FORBID_COURSE, NotTiled, Verdict, choice, close, diagnose, distinct, draw,
-                    first_match, randint)
+from ..spec import Case, Exercise, FORBID_COURSE, Verdict, choice, close, diagnose, distinct, draw, first_match, randint
+from .lesson12 import counted_flops
 
 SANDBOX_ALLOW = ("attn_course.ring_sim",)      # the simulated ring the grader hands each rank
 __all__ = ["EXERCISES"]
@@ -280,17 +278,12 @@ def _blocks_judge(got, want, case):
     ], "query shard r needs shards s < r fully, its own shard causally, and never s > r.", same=close)
 
 
-# ---- 13_ring_loop (build: the ring loop on a simulated ring) ------------------------------------------
+# ---- 13_ring_loop (build: the grader drives the ring, the learner writes one rank's step) --------------------
 
 def _loop_cases(gen):
-    def one(gen):
-        P, c, E, Ev = randint(gen, 3, 5), randint(gen, 3, 6), randint(gen, 3, 6), randint(gen, 3, 6)
-        # every tensor an honest rank needs (a c×c block of scores, [k | v] side by side) is smaller than
-        # the limit (a gathered K or V, or the c × L score rows), so the limit only catches a gather
-        return P, c, E, Ev, max(c * c, c * (E + Ev)) < c * P * min(E, Ev, c)
     out = []
     for causal in (False, True, True):
-        P, c, E, Ev, _ = draw(gen, one, lambda x: x[4])
+        P, c, E, Ev = randint(gen, 3, 5), randint(gen, 3, 6), randint(gen, 3, 6), randint(gen, 3, 6)
         B, H = randint(gen, 1, 2), randint(gen, 1, 2)
         L = P * c
         q, k = (torch.randn(B, H, L, E, generator=gen, dtype=_F64) for _ in range(2))
@@ -300,35 +293,32 @@ def _loop_cases(gen):
     return out
 
 
-def _loop_limit(case):
-    """Elements of the smallest tensor that only a gather makes: the whole K or V, or c × L score rows."""
+def _block_flops(case):
+    """Counted FLOPs of one block: q kᵀ and P·V, 2·B·H·c²·(E + Ev)."""
     B, H, L, E = case.inputs["q"].shape
-    Ev, c = case.inputs["v"].shape[-1], L // case.params["world"]
-    return B * H * min(L * E, L * Ev, c * L)
+    return 2 * B * H * (L // case.params["world"]) ** 2 * (E + case.inputs["v"].shape[-1])
 
 
 def _loop_answer(fn, case):
-    i, P = case.inputs, case.params["world"]
-    cut = lambda x: list(x.chunk(P, dim=-2))                            # noqa: E731 — contiguous shards
-    with TensorCallWatch() as watch, Work() as work:
-        results, passes = run_ring(fn, cut(i["q"]), cut(i["k"]), cut(i["v"]), case.params["causal"])
-    limit = _loop_limit(case)
-    if watch.largest_numel >= limit:
-        raise NotTiled(f"a rank created a tensor of shape {watch.largest_shape} ({watch.largest_numel} elements), "
-                       f"as large as the whole K or V, or its queries' scores against ALL keys ({limit} "
-                       f"elements): a rank holds one K/V shard at a time and never gathers them.")
-    return {"out": torch.cat([r[0] for r in results], dim=-2), "lse": torch.cat([r[1] for r in results], dim=-1),
-            "passes": torch.tensor(passes, dtype=torch.int64), "flops": torch.tensor(work.flops, dtype=torch.int64)}
-
-
-def _loop_blocks(case):
-    """(blocks the ranks must compute, FLOPs allowed): P(P+1)/2 blocks with the causal skip, P² without; per
-    block q kᵀ and P·V (2·B·H·c²·(E + Ev)) plus 3·B·H·c² for row sums or a mask by multiplication."""
-    B, H, L, E = case.inputs["q"].shape
-    P, Ev = case.params["world"], case.inputs["v"].shape[-1]
-    c = L // P
-    blocks = P * (P + 1) // 2 if case.params["causal"] else P * P
-    return blocks, blocks * B * H * c * c * (2 * (E + Ev) + 3)
+    """Drives the ring: at step t rank r holds the shard of rank (r − t) mod P and calls
+    ``fn(q_r, k, v, (out, lse), r, t, P, causal) -> (out, lse)``; the counted FLOPs of every call are kept."""
+    i, P, causal = case.inputs, case.params["world"], case.params["causal"]
+    qs, ks, vs = (list(x.chunk(P, dim=-2)) for x in (i["q"], i["k"], i["v"]))
+    shapes = (qs[0].shape[:-1] + vs[0].shape[-1:], qs[0].shape[:-1])
+    outs, lses, flops = [], [], torch.zeros(P, P, dtype=torch.int64)
+    for r in range(P):
+        state = (torch.zeros(shapes[0], dtype=_F64), torch.full(shapes[1], _NEG_INF, dtype=_F64))
+        for t in range(P):
+            src = (r - t) % P
+            state, flops[r, t] = counted_flops(fn, qs[r].clone(), ks[src].clone(), vs[src].clone(), state, r, t, P,
+                                               causal)
+            if not (type(state) is tuple and len(state) == 2 and all(type(x) is torch.Tensor for x in state)
+                    and tuple(x.shape for x in state) == shapes):
+                raise ValueError(f"rank {r}, step {t}: return the state as a tuple (out {tuple(shapes[0])}, lse "
+                                 f"{tuple(shapes[1])}) of two tensors — nothing else travels with it")
+        outs.append(state[0])
+        lses.append(state[1])
+    return {"out": torch.cat(outs, dim=-2), "lse": torch.cat(lses, dim=-1), "flops": flops}
 
 
 def _loop_expected(case):
@@ -338,8 +328,10 @@ def _loop_expected(case):
     if case.params["causal"]:
         keep = keep.tril()
     out, lse = _partial(i["q"], i["k"], i["v"], keep)                 # full attention, straight from the formula
-    return {"out": out, "lse": lse, "passes": torch.full((P,), P - 1, dtype=torch.int64),
-            "flops": torch.tensor(_loop_blocks(case)[1], dtype=torch.int64)}
+    ranks = torch.arange(P)
+    later = (ranks[:, None] - ranks[None, :]) % P > ranks[:, None]     # src = (r − t) mod P > r: a skipped shard
+    blocks = torch.where(later & case.params["causal"], 0, _block_flops(case))
+    return {"out": out, "lse": lse, "flops": blocks}
 
 
 def _rule(r, s):
@@ -383,24 +375,22 @@ def _ring_model(case, kind=None, merge="lse", scale=True):
 
 
 def _loop_judge(got, want, case):
-    P, causal = case.params["world"], case.params["causal"]
-    short = [(r, int(n)) for r, n in enumerate(got["passes"].tolist()) if n != P - 1]
-    if short:
-        r, n = short[0]
-        return Verdict(False, f"rank {r} called ring.pass_on() {n} times: every rank passes its shard on P − 1 = "
-                              f"{P - 1} times — in a real ring the ranks after it wait for the shards it relays, "
-                              f"even those it skips.")
+    P, causal, block = case.params["world"], case.params["causal"], _block_flops(case)
     ok_out = close(got["out"], want["out"], atol=1e-8, rtol=1e-6)
     ok_lse = close(got["lse"], want["lse"], atol=1e-8, rtol=1e-6)
+    for (r, t), mine in zip(((r, t) for r in range(P) for t in range(P)), got["flops"].flatten().tolist()):
+        if not (ok_out and ok_lse):
+            break                                                      # wrong values: name the mistake below
+        if mine > 1.5 * block:
+            return Verdict(False, f"rank {r}, step {t} counted {mine:,} FLOPs, {mine / block:.1f}× one block's "
+                                  f"(q kᵀ and P·V, 2·B·H·c²·(E + Ev) = {block:,}): a step attends to the ONE shard it "
+                                  f"is given and merges it into the state.")
+        if int(want["flops"][r, t]) == 0 and mine >= block // 4:
+            return Verdict(False, f"rank {r}, step {t} holds the shard of rank {(r - t) % P}, a LATER rank: its keys "
+                                  f"are all in the queries' future, so return the state unchanged without computing "
+                                  f"the block (your step counted {mine:,} FLOPs; masking with −∞ does the work the "
+                                  f"causal skip saves).")
     if ok_out and ok_lse:
-        blocks, allowed = _loop_blocks(case)
-        flops = int(got["flops"])
-        if flops > allowed:
-            B, H, L, E = case.inputs["q"].shape
-            per_block = 2 * B * H * (L // P) ** 2 * (E + case.inputs["v"].shape[-1])
-            return Verdict(False, f"right values, but the ranks computed about {round(flops / per_block)} blocks; the "
-                                  f"causal ring needs {blocks} = P(P+1)/2: skip the shards of later ranks (src > rank) "
-                                  f"without computing them — masking them with −∞ does the work the causal skip saves.")
         return Verdict(True)
     lse_max = "the running lse is logaddexp(lse, lse_block), not the max of the two."
     if ok_out:
@@ -458,7 +448,7 @@ EXERCISES = [
     Exercise("13_causal_blocks", 2, "Find the bug: the causal skip rule",
              "a function block_kind(rank, src, world) -> 0 (skip), 1 (diagonal) or 2 (full)",
              _blocks_cases, _blocks_answer, _blocks_expected, _blocks_judge, forbidden=FORBID_COURSE, kind="debug"),
-    Exercise("13_ring_loop", 4, "Build the ring loop on a simulated ring",
-             "a function ring_forward(q, rank, world, ring, causal) -> (out, lse)",
+    Exercise("13_ring_loop", 4, "One rank's step of the ring",
+             "a function ring_step(q, k, v, state, rank, step, world, causal) -> state = (out, lse)",
              _loop_cases, _loop_answer, _loop_expected, _loop_judge, forbidden=FORBID_COURSE, kind="build"),
 ]

@@ -4,8 +4,10 @@ References are computed here (float64 softmax attention written out, integer for
 learner and of ``attn_course.paged``. Hints are *detected*: each judge computes what the common mistakes
 (forgetting K or V, layers or bytes; rounding the pool up; no copy-on-write; sharing the partly filled block;
 no length mask on the last block; the wrong GQA grouping; blocks read in pool order; no scale) would return on
-the same inputs and names the match. The paged decode step may not gather a sequence into one contiguous
-tensor: no tensor of ``H_kv · seq_len · d`` elements or more (``spec.limit_numel``).
+the same inputs and names the match. The paged decode step never gets the pool: it reads it through a
+:class:`BlockReader` (the sequence's blocks only, each at most twice), and may not gather what it read into one
+tensor (none of ``seq_len · d`` elements or more, ``spec.limit_numel``). Split-KV's merge is graded on partials
+the grader makes (log-sum-exps far apart, an empty split with lse = −∞): no query or key ever reaches it.
 """
 from __future__ import annotations
 
@@ -138,13 +140,43 @@ def _shared_judge(got, want, case):
     return Verdict(False, f"got {g:,}, expected {w:,} blocks.")
 
 
-# ---- 14_paged_decode ------------------------------------------------------------------------------------
+# ---- 14_paged_decode (build: the learner reads the pool only through a block reader) ------------------------
+
+_READ = """
+def read(b):
+    b = int(b)
+    if b not in mine:
+        refused.append(b)
+        raise ValueError(f"block {b} is not one of this sequence's blocks {sorted(mine)}: read only the blocks "
+                         f"of block_table")
+    reads[b] = reads.get(b, 0) + 1
+    return k_pool[b].clone(), v_pool[b].clone()
+"""
+
+
+class BlockReader:
+    """What the learner's decode step may see of the pool: the sequence's ``block_table`` (a small int64 tensor),
+    ``seq_len`` and ``block_size``, and ``read(b) -> (K, V)``, pool block ``b``'s keys and values, each
+    ``(H_kv, block_size, d)`` (a copy; slots past ``seq_len`` hold stale data). Blocks outside the table are
+    refused; every read is counted in ``reads``. ``read`` is compiled under a file name of its own: it is a tool
+    handed to the learner's code (like ``ring_sim``), which the runtime guard would otherwise count as a call
+    into the grader."""
+
+    def __init__(self, k_pool, v_pool, block_table, seq_len):
+        self.block_table, self.seq_len, self.block_size = block_table.clone(), int(seq_len), k_pool.shape[2]
+        self.reads, self.refused = {}, []
+        scope = {"mine": set(block_table.tolist()), "refused": self.refused, "reads": self.reads,
+                 "k_pool": k_pool, "v_pool": v_pool}
+        exec(compile(_READ, "<paged block reader>", "exec"), scope)
+        self.read = scope["read"]
+
 
 def _dec_cases(gen):
     cases = []
-    for nb, Hkv, g, B, d in ((12, 2, 2, 4, 8), (16, 1, 4, 8, 16), (20, 2, 3, 5, 6)):
-        # a partial last block, and seq_len > g·B: one block's keys repeated for all H query heads stay under the limit
-        L = draw(gen, lambda gg: randint(gg, (g + 1) * B + 1, nb // 2 * B), lambda n: n % B != 0)
+    for nb, Hkv, g, B, d in ((12, 2, 2, 4, 8), (16, 1, 4, 8, 16), (20, 2, 3, 5, 8)):
+        # a partial last block; seq_len > H·block_size: one block (repeated for all H query heads) stays under
+        # the size limit (seq_len·d); d > H: the scores of every token (H × seq_len) too
+        L = draw(gen, lambda gg: randint(gg, Hkv * g * B + 1, nb // 2 * B), lambda n: n % B != 0)
         k_pool = torch.randn(nb, Hkv, B, d, generator=gen, dtype=_F64) * 2      # unused slots hold stale data
         v_pool = torch.randn(nb, Hkv, B, d, generator=gen, dtype=_F64)
         n = -(-L // B)
@@ -152,24 +184,34 @@ def _dec_cases(gen):
         if bool((table[:-1] < table[1:]).all()):                                  # never already in pool order
             table = table.flip(0)
         q = torch.randn(Hkv * g, d, generator=gen, dtype=_F64)
-        cases.append(Case(f"q {tuple(q.shape)}, pools {tuple(k_pool.shape)}, block_table of {n} blocks, seq_len={L}",
+        cases.append(Case(f"q {tuple(q.shape)}, pool of {nb} blocks (H_kv={Hkv}, block_size={B}, d={d}), "
+                          f"block_table of {n} blocks, seq_len={L}",
                           {"q": q, "k_pool": k_pool, "v_pool": v_pool, "block_table": table}, {"seq_len": L}))
     return cases
 
 
 def _dec_answer(fn, case):
     i = case.inputs
-    return {"out": fn(i["q"], i["k_pool"], i["v_pool"], i["block_table"].clone(), case.params["seq_len"])}
+    reader = BlockReader(i["k_pool"], i["v_pool"], i["block_table"], case.params["seq_len"])
+    out = fn(i["q"].clone(), reader)
+    if reader.refused:
+        raise ValueError(f"your code asked for pool block {reader.refused[0]}, which is not one of the sequence's: "
+                         f"a decode step reads only the blocks of its block_table")
+    over = {b: n for b, n in reader.reads.items() if n > 2}
+    if over:
+        b, n = next(iter(over.items()))
+        raise ValueError(f"your code read block {b} {n} times: read each block of the table at most twice (once "
+                         f"per pass)")
+    return {"out": out}
 
 
 def _dec_limit(case):
-    _, Hkv, _, d = case.inputs["k_pool"].shape
-    return Hkv * case.params["seq_len"] * d
+    return case.params["seq_len"] * case.inputs["k_pool"].shape[-1]
 
 
 def _dec_materialised(case, shape, limit):
-    return (f"your code formed a {shape} tensor (≥ {limit} elements = H_kv·seq_len·d): that is the whole "
-            f"sequence's keys or values gathered into one tensor — read them one block at a time.")
+    return (f"your code formed a {shape} tensor (≥ {limit} elements = seq_len·d): that is the sequence's keys or "
+            f"values (of one KV head or more) gathered into one tensor — fold the blocks in one at a time.")
 
 
 def _decode(case, *, mask=True, grouping="div", order="table", scale=True):
@@ -207,77 +249,59 @@ def _dec_judge(got, want, case):
        f"the seq_len tokens of the sequence, K and V read from the blocks of block_table in order.")
 
 
-# ---- 14_split_kv ----------------------------------------------------------------------------------------
+# ---- 14_split_kv (build: the merge, graded on partials the grader makes) -------------------------------------
 
 def _split_cases(gen):
+    """Partials of splits of very different log-sum-exps (spread over ±spread, beyond exp's float64 range in
+    case 2), and one empty split (lse = −∞, output zeros) in every case but the first."""
     cases = []
-    for H, E, Dv, S in ((2, 8, 6, 3), (4, 16, 8, 5), (3, 6, 10, 4)):
-        C = randint(gen, 3, 9)
-        L = draw(gen, lambda g: randint(g, (S - 1) * C + 1, S * C), lambda n: -(-n // S) == C and n % S != 0)
-        t = {"q": torch.randn(H, E, generator=gen, dtype=_F64) * 2, "k": torch.randn(H, L, E, generator=gen, dtype=_F64),
-             "v": torch.randn(H, L, Dv, generator=gen, dtype=_F64)}
-        cases.append(Case(f"q {tuple(t['q'].shape)}, k {tuple(t['k'].shape)}, v {tuple(t['v'].shape)}, num_splits={S}",
-                          t, {"num_splits": S}))
+    for n, (S, H, Dv, spread) in enumerate(((3, 2, 6, 5.0), (5, 4, 8, 60.0), (4, 3, 5, 900.0))):
+        lse = torch.rand(S, H, generator=gen, dtype=_F64) * 2 - 1
+        out = torch.randn(S, H, Dv, generator=gen, dtype=_F64)
+        if n:
+            empty = randint(gen, 0, S - 1)
+            lse[empty], out[empty] = -math.inf, 0.0
+        seen = torch.isfinite(lse)
+        lse[seen] = lse[seen] / lse[seen].abs().max() * spread  # the farthest split at ±spread exactly
+        cases.append(Case(f"{S} splits, H={H}, Dv={Dv}, lse_s in ±{spread:g}" + (", one empty split" if n else ""),
+                          {"split_out": out, "split_lse": lse}))
     return cases
 
 
 def _split_answer(fn, case):
     i = case.inputs
-    out, split_out, split_lse = fn(i["q"], i["k"], i["v"], case.params["num_splits"])
-    return {"out": out, "split_out": split_out, "split_lse": split_lse}
+    out, lse = fn(i["split_out"].clone(), i["split_lse"].clone())
+    return {"out": out, "lse": lse}
 
 
-def _split(case, *, bounds="ceil", base=math.e, scale=True, normalise=True, merge="lse"):
-    i = case.inputs
-    q, k, v, S = i["q"], i["k"], i["v"], case.params["num_splits"]
-    L, E = k.shape[1], q.shape[-1]
-    if bounds == "ceil":
-        C = -(-L // S)
-        edges = [(s * C, min((s + 1) * C, L)) for s in range(S)]
-    else:                                                        # torch.tensor_split's: sizes differ by at most 1
-        edges, start = [], 0
-        for s in range(S):
-            n = L // S + (1 if s < L % S else 0)
-            edges.append((start, start + n))
-            start += n
-    outs, lses = [], []
-    for a, b in edges:
-        x = torch.einsum("he,hle->hl", q, k[:, a:b]) / (math.sqrt(E) if scale else 1.0)
-        lse = torch.logsumexp(x, -1)                                  # natural log
-        w = torch.exp(x - lse[:, None])
-        o = torch.einsum("hl,hld->hd", w, v[:, a:b])
-        outs.append(o if normalise else o * torch.exp(lse)[:, None])
-        lses.append(lse / math.log(base))
-    split_out, split_lse = torch.stack(outs), torch.stack(lses)
-    nat = torch.stack([l_ * math.log(base) for l_ in lses])
-    total = torch.logsumexp(nat, 0)
-    weights = torch.exp(nat - total) if merge == "lse" else torch.full_like(nat, 1 / S)
-    normalised = torch.stack([o if normalise else o / torch.exp(l_)[:, None] for o, l_ in zip(outs, nat)])
-    out = (weights[..., None] * normalised).sum(0)
-    return {"out": out, "split_out": split_out, "split_lse": split_lse}
+def _split_merge(case, *, how="lse"):
+    """The merge (natural log-sum-exps, weights e^{lse_s − lse}), or what a named mistake returns."""
+    o, l = case.inputs["split_out"], case.inputs["split_lse"]
+    lse = torch.logsumexp(l, 0)
+    if how == "mean":
+        return {"out": o.mean(0)}
+    out = (torch.exp(l - lse)[..., None] * o).sum(0)
+    return {"out": out, "lse": {"lse": lse, "max": l.amax(0), "log2": lse / math.log(2)}[how]}
 
 
 def _split_expected(case):
-    return _split(case)
+    return _split_merge(case)
 
 
 def _split_judge(got, want, case):
-    if all(close(got[k], want[k], atol=1e-6, rtol=1e-6) for k in want):
+    if close(got["out"], want["out"], atol=1e-6, rtol=1e-6) and close(got["lse"], want["lse"], atol=1e-6, rtol=1e-9):
         return Verdict(True)
-    right = _split(case)
+    if bool(torch.isnan(got["out"]).any()) or bool(torch.isinf(got["out"]).any()):
+        return Verdict(False, "your output has NaN or ∞: subtract the largest lse_s before exponentiating (a split's "
+                              "lse can be far beyond exp's range), and let an empty split (lse = −∞) weigh e^{−∞} = 0.")
     return diagnose(got, [
         ("merging by the average of the splits is right only when every split has the same log-sum-exp: weight "
-         "split s by exp(lse_s − lse), lse = log Σ_s exp(lse_s).", {"out": _split(case, merge="mean")["out"]}),
-        ("split s holds keys [s·C, (s+1)·C) with C = ceil(L / num_splits) (what torch.split(C) or torch.chunk "
-         "give), not torch.tensor_split's sizes.", {"split_lse": _split(case, bounds="tensor_split")["split_lse"]}),
-        ("lse_s is the NATURAL log-sum-exp of the split's scaled scores (log, not log2).",
-         {"split_lse": _split(case, base=2.0)["split_lse"]}),
-        ("each split's output is normalised over its own keys: divide its weighted sum by ℓ_s = Σ exp(x − m_s) "
-         "(times exp(m_s)); keep ℓ_s's log in lse_s.", {"split_out": _split(case, normalise=False)["split_out"]}),
-        ("scale the scores by 1/sqrt(E).", _split(case, scale=False)),
-    ], "wrong values (largest differences: out " + _max_diff(got["out"], right["out"]) + ", split_out "
-       + _max_diff(got["split_out"], right["split_out"]) + ", split_lse " + _max_diff(got["split_lse"], right["split_lse"])
-       + "): each split's softmax over its own keys, merged by log-sum-exp.")
+         "split s by exp(lse_s − lse), lse = log Σ_s exp(lse_s).", _split_merge(case, how="mean")),
+        ("the merged lse is log Σ_s exp(lse_s), not the largest lse_s.", {"lse": _split_merge(case, how="max")["lse"]}),
+        ("return the merged lse as a NATURAL log (a base-2 computation inside is fine: convert back).",
+         {"lse": _split_merge(case, how="log2")["lse"]}),
+    ], f"wrong values (largest differences: out {_max_diff(got['out'], want['out'])}, lse "
+       f"{_max_diff(got['lse'], want['lse'])}): out = Σ_s exp(lse_s − lse) O_s with lse = log Σ_s exp(lse_s).")
 
 
 EXERCISES = [
@@ -289,11 +313,12 @@ EXERCISES = [
              "a function shared_prefix_blocks(prefix_len, suffix_lengths, block_size) -> int",
              _shared_cases, _shared_answer, _shared_expected, _shared_judge, forbidden=FORBID_COURSE, kind="compute"),
     Exercise("14_paged_decode", 4, "The paged decode step, block by block",
-             "a function paged_decode(q, k_pool, v_pool, block_table, seq_len) -> (H, d)",
+             "a function paged_decode(q, reader) -> (H, d), reading the pool one block at a time through "
+             "reader.read(b)",
              _dec_cases, limit_numel(_dec_answer, _dec_limit, _dec_materialised), _dec_expected, _dec_judge,
              forbidden=FORBID_COURSE + FORBID_SDPA, kind="build"),
-    Exercise("14_split_kv", 3, "Flash-decoding: split the keys, merge by log-sum-exp",
-             "a function split_kv_decode(q, k, v, num_splits) -> (out (H, Dv), split_out (S, H, Dv), split_lse (S, H))",
+    Exercise("14_split_kv", 3, "Flash-decoding: merge the splits by log-sum-exp",
+             "a function merge_splits(split_out (S, H, Dv), split_lse (S, H)) -> (out (H, Dv), lse (H,))",
              _split_cases, _split_answer, _split_expected, _split_judge, forbidden=FORBID_COURSE + FORBID_SDPA,
              kind="build"),
 ]

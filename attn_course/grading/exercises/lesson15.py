@@ -2,50 +2,68 @@
 
 References are computed here in float64 from the definitions — the delta rule as the matrix recurrence
 S_t = α_t (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ, the sink softmax with an explicit extra column, the cache
-of a layer group in closed form — independently of ``attn_course.deltanet``, ``sinks`` and ``memory``. Hints
-are found by computing what each common mistake returns on the same inputs.
+of a layer group in closed form (attention caches in bf16, a delta layer's state in fp32 as
+``GatedDeltaNet.state_bytes`` and transformers keep it) — independently of ``attn_course.deltanet``, ``sinks``
+and ``memory``. Hints are found by computing what each common mistake returns on the same inputs. In 15.1 the
+grader drives the recurrence and the learner writes the step (a chunk of 1-4 tokens with the state before it):
+the learner's code never holds more than one state.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from ..spec import FORBID_COURSE, FORBID_SDPA, Case, Exercise, Verdict, close, diagnose, limit_numel, randint
+from ..spec import FORBID_COURSE, FORBID_SDPA, Case, Exercise, Verdict, close, diagnose, draw, randint
 
 __all__ = ["EXERCISES"]
 
 _F64 = torch.float64
 
 
-# ---- 15_delta_rule (build) ------------------------------------------------------------------------------------
+# ---- 15_delta_rule (build: the grader drives the recurrence, the learner writes the step) ---------------------
 
 def _delta_cases(gen):
     out = []
-    for B, H, L, dk, dv in [(1, 1, 5, 3, 2), (2, 3, 9, 4, 5), (1, 2, 16, 6, 3), (2, 1, 7, 2, 4)]:
+    for n, (B, H, L, dk, dv) in enumerate([(1, 1, 5, 3, 2), (2, 3, 9, 4, 5), (1, 2, 16, 6, 3), (2, 1, 7, 2, 4)]):
         L += randint(gen, 0, 3)
+        sizes = [1] * L if n == 0 else []              # case 0: one token per call; the others: chunks of 1-4 tokens
+        while sum(sizes) < L:
+            sizes.append(min(randint(gen, 1, 4), L - sum(sizes)))
         q = torch.randn(B, H, L, dk, generator=gen, dtype=_F64) / dk ** 0.5
         k = F.normalize(torch.randn(B, H, L, dk, generator=gen, dtype=_F64), dim=-1)
-        out.append(Case(f"B={B}, H={H}, L={L}, d_k={dk}, d_v={dv}", {
+        out.append(Case(f"B={B}, H={H}, L={L}, d_k={dk}, d_v={dv}, chunks of {sizes}", {
             "q": q, "k": k, "v": torch.randn(B, H, L, dv, generator=gen, dtype=_F64),
             "g": -torch.rand(B, H, L, generator=gen, dtype=_F64) * 0.5,
-            "beta": torch.rand(B, H, L, generator=gen, dtype=_F64) * 0.9 + 0.05}))
+            "beta": torch.rand(B, H, L, generator=gen, dtype=_F64) * 0.9 + 0.05}, {"chunks": sizes}))
     return out
 
 
 def _delta_answer(fn, case):
+    """Drives the recurrence: ``fn(S, q, k, v, g, beta) -> (S, o)`` on each chunk (tokens [a, b)) with the state
+    it returned for the chunk before; keeps the state after every chunk (the learner's code holds only one)."""
     i = case.inputs
-    o, S = fn(i["q"], i["k"], i["v"], i["g"], i["beta"])
-    return {"o": o, "S": S}
+    B, H, L, dk = i["k"].shape
+    S = torch.zeros(B, H, dk, i["v"].shape[-1], dtype=_F64)
+    outs, states, a = [], [], 0
+    for n in case.params["chunks"]:
+        S, o = fn(S, *(i[x][:, :, a:a + n].clone() for x in ("q", "k", "v", "g", "beta")))
+        if type(S) is not torch.Tensor or type(o) is not torch.Tensor:
+            raise ValueError(f"your step returned ({type(S).__name__}, {type(o).__name__}): return (S, o), two tensors")
+        outs.append(o)
+        states.append(S)
+        a += n
+    return {"o": torch.cat(outs, 2), "S": torch.stack(states, 2)}
 
 
 def _delta_formula(case, *, decay_after=False, no_beta=False, plain=False, read_before=False, raw_decay=False):
-    """The recurrence in matrix form, or what a named mistake computes instead."""
+    """The recurrence in matrix form (the state after each of the case's chunks), or what a named mistake computes."""
     i = case.inputs
     q, k, v, g, beta = i["q"], i["k"], i["v"], i["g"], i["beta"]
     B, H, L, dk = k.shape
     S = torch.zeros(B, H, dk, v.shape[-1], dtype=_F64)
     eye = torch.eye(dk, dtype=_F64)
-    outs = []
+    ends = set(torch.tensor(case.params["chunks"]).cumsum(0).tolist())
+    outs, states = [], []
     for t in range(L):
         kt, vt = k[:, :, t, :, None], v[:, :, t, None, :]                   # (B, H, dk, 1), (B, H, 1, dv)
         a = g[:, :, t, None, None] if raw_decay else g[:, :, t, None, None].exp()
@@ -58,7 +76,9 @@ def _delta_formula(case, *, decay_after=False, no_beta=False, plain=False, read_
         else:
             S = a * (eye - b * kt @ kt.transpose(-2, -1)) @ S + b * kt @ vt
         outs.append(((prev if read_before else S).transpose(-2, -1) @ q[:, :, t, :, None])[..., 0])
-    return {"o": torch.stack(outs, 2), "S": S}
+        if t + 1 in ends:
+            states.append(S)
+    return {"o": torch.stack(outs, 2), "S": torch.stack(states, 2)}
 
 
 def _delta_expected(case):
@@ -68,6 +88,9 @@ def _delta_expected(case):
 def _delta_judge(got, want, case):
     if close(got["o"], want["o"], atol=1e-6) and close(got["S"], want["S"], atol=1e-6):
         return Verdict(True)
+    if close(got["o"], want["o"], atol=1e-6):
+        return Verdict(False, "the outputs are right but a returned state is not: return S after the chunk's "
+                              "LAST token (the next call starts from it).")
     return diagnose(got, [
         ("decay the state FIRST: S ← α_t S_{t−1}, and compute the correction u_t = β_t (v_t − (α_t S_{t−1})ᵀ k_t) "
          "from the decayed state (you decayed after the update).", _delta_formula(case, decay_after=True)),
@@ -78,19 +101,8 @@ def _delta_judge(got, want, case):
         ("read the state AFTER this token's update: o_t = S_tᵀ q_t (you used S_{t−1}).",
          _delta_formula(case, read_before=True)),
         ("g is a log-decay: the state is multiplied by α_t = exp(g_t), not by g_t.", _delta_formula(case, raw_decay=True)),
-    ], "compare with S_t = α_t (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ, o_t = S_tᵀ q_t, α_t = exp(g_t), S_0 = 0.")
-
-
-def _delta_limit(case):
-    B, H, L, dk = case.inputs["k"].shape
-    return B * H * L * dk * case.inputs["v"].shape[-1]
-
-
-def _delta_stack(case, shape, limit):
-    B, H, L, dk = case.inputs["k"].shape
-    return (f"your code created a tensor of shape {tuple(shape)}: as large as one state per position "
-            f"(B·H·L·d_k·d_v = {limit} elements). The recurrence keeps ONE state of (B, H, d_k, d_v) = "
-            f"({B}, {H}, {dk}, {case.inputs['v'].shape[-1]}) and overwrites it token by token.")
+    ], "compare with S_t = α_t (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ, o_t = S_tᵀ q_t, α_t = exp(g_t), starting "
+       "from the S the grader passes (zeros for the first chunk).")
 
 
 # ---- 15_sink_attention (build) --------------------------------------------------------------------------------
@@ -189,7 +201,9 @@ def _cache_answer(fn, case):
     return {"bytes": torch.tensor(float(fn([dict(g) for g in case.params["layers"]], case.params["seq_len"])), dtype=_F64)}
 
 
-def _cache_formula(case, *, ignore_window=False, mha=False, delta_grows=False, one_layer=False, fp32=False):
+def _cache_formula(case, *, ignore_window=False, mha=False, delta_grows=False, one_layer=False, fp32=False,
+                   state_bf16=False):
+    """Bytes: attention caches in bf16 (2 bytes), a delta layer's state in fp32 (4 bytes)."""
     total = 0
     L = case.params["seq_len"]
     for g in case.params["layers"]:
@@ -197,13 +211,13 @@ def _cache_formula(case, *, ignore_window=False, mha=False, delta_grows=False, o
         if g["kind"] == "gqa":
             tokens = L if ignore_window or "window" not in g else min(L, g["window"])
             heads = g["num_heads"] if mha else g["num_kv_heads"]
-            total += 2 * heads * g["head_dim"] * tokens * n
+            total += 2 * heads * g["head_dim"] * tokens * n * (4 if fp32 else 2)
         elif g["kind"] == "mla":
-            total += (g["kv_lora_rank"] + g["qk_rope_head_dim"]) * L * n
+            total += (g["kv_lora_rank"] + g["qk_rope_head_dim"]) * L * n * (4 if fp32 else 2)
         else:
             state = g["num_heads"] * g["k_head_dim"] * g["head_dim"] + g["conv_channels"] * (g["conv_kernel"] - 1)
-            total += state * (L if delta_grows else 1) * n
-    return {"bytes": torch.tensor(float(total * (4 if fp32 else 2)), dtype=_F64)}
+            total += state * (L if delta_grows else 1) * n * (2 if state_bf16 else 4)
+    return {"bytes": torch.tensor(float(total), dtype=_F64)}
 
 
 def _cache_expected(case):
@@ -219,70 +233,95 @@ def _cache_judge(got, want, case):
         ("a delta layer's state does not grow with the sequence: count it once per layer.",
          _cache_formula(case, delta_grows=True)),
         ("multiply by the number of layers in each group (count).", _cache_formula(case, one_layer=True)),
-        ("bf16 is 2 bytes per number.", _cache_formula(case, fp32=True)),
-    ], "per group: gqa 2·H_kv·d_h·tokens, mla (d_c + d_R)·tokens, delta H·d_k·d_v + conv·(K−1); × count × 2 bytes.",
+        ("the attention caches are bf16: 2 bytes per number (only the delta state is fp32).",
+         _cache_formula(case, fp32=True)),
+        ("a delta layer's state is kept in fp32 (4 bytes per number: a sum over every token needs the precision), "
+         "not bf16.", _cache_formula(case, state_bf16=True)),
+    ], "per group: gqa 2·H_kv·d_h·tokens, mla (d_c + d_R)·tokens (× 2 bytes), delta (H·d_k·d_v + conv·(K−1)) "
+       "× 4 bytes; × count.",
         same=lambda a, b: b is not None and close(a["bytes"], b["bytes"], atol=0.5, rtol=0))
 
 
 # ---- 15_crossover (compute) ----------------------------------------------------------------------------------
 
+def _cross_group(gen, n):
+    attn = ({"kind": "gqa", "count": randint(gen, 1, 16), "num_heads": 16, "num_kv_heads": 2 ** randint(gen, 0, 3),
+             "head_dim": 64 * randint(gen, 1, 4)} if n % 2 == 0 else
+            {"kind": "mla", "count": randint(gen, 1, 16), "kv_lora_rank": 128 * randint(gen, 1, 4), "qk_rope_head_dim": 64})
+    delta = {"kind": "delta", "count": randint(gen, 2, 40), "num_heads": 8 * randint(gen, 1, 4),
+             "k_head_dim": 64 * randint(gen, 1, 2), "head_dim": 128, "conv_channels": 1024 * randint(gen, 2, 12),
+             "conv_kernel": 4}
+    return [attn, delta] if randint(gen, 0, 1) else [delta, attn]
+
+
+def _cross_sizes(layers, *, no_conv=False, per_layer=False, kv_heads=False):
+    """(bytes of the delta groups' state (fp32), bytes per token of the attention groups' cache (bf16))."""
+    state = per_token = 0
+    for g in layers:
+        n = 1 if per_layer else g["count"]
+        if g["kind"] == "delta":
+            state += 4 * (g["num_heads"] * g["k_head_dim"] * g["head_dim"]
+                          + (0 if no_conv else g["conv_channels"] * (g["conv_kernel"] - 1))) * n
+        elif g["kind"] == "gqa":
+            per_token += 2 * 2 * (g["num_heads"] if kv_heads else g["num_kv_heads"]) * g["head_dim"] * n
+        else:
+            per_token += 2 * (g["kv_lora_rank"] + g["qk_rope_head_dim"]) * n
+    return state, per_token
+
+
 def _cross_cases(gen):
-    out = []
-    for n in range(4):
-        attn = ({"kind": "gqa", "count": randint(gen, 1, 16), "num_heads": 16, "num_kv_heads": 2 ** randint(gen, 0, 3),
-                 "head_dim": 64 * randint(gen, 1, 4)} if n % 2 == 0 else
-                {"kind": "mla", "count": randint(gen, 1, 16), "kv_lora_rank": 128 * randint(gen, 1, 4), "qk_rope_head_dim": 64})
-        delta = {"kind": "delta", "count": randint(gen, 2, 40), "num_heads": 8 * randint(gen, 1, 4),
-                 "k_head_dim": 64 * randint(gen, 1, 2), "head_dim": 128, "conv_channels": 1024 * randint(gen, 2, 12),
-                 "conv_kernel": 4}
-        layers = [attn, delta] if randint(gen, 0, 1) else [delta, attn]
-        out.append(Case(_describe(layers), params={"layers": layers}))
-    return out
+    """Cases 0 and 1 have a state that is an exact multiple of the per-token cache (where ceil and floor + 1
+    differ), cases 2 and 3 one that is not (where ceil and floor differ): every draw tells the roundings apart."""
+    def exact(layers):
+        state, per_token = _cross_sizes(layers)
+        return state % per_token == 0
+    return [Case(_describe(ls), params={"layers": ls})
+            for ls in (draw(gen, lambda g, n=n: _cross_group(g, n), lambda x, n=n: exact(x) == (n < 2))
+                       for n in range(4))]
 
 
 def _cross_answer(fn, case):
     return {"L": torch.tensor(float(fn([dict(g) for g in case.params["layers"]])), dtype=_F64)}
 
 
-def _cross_formula(case, *, floor=False, no_conv=False, per_layer=False, kv_heads=False):
-    state = per_token = 0
-    for g in case.params["layers"]:
-        n = 1 if per_layer else g["count"]
-        if g["kind"] == "delta":
-            state += (g["num_heads"] * g["k_head_dim"] * g["head_dim"]
-                      + (0 if no_conv else g["conv_channels"] * (g["conv_kernel"] - 1))) * n
-        elif g["kind"] == "gqa":
-            per_token += 2 * (g["num_heads"] if kv_heads else g["num_kv_heads"]) * g["head_dim"] * n
-        else:
-            per_token += (g["kv_lora_rank"] + g["qk_rope_head_dim"]) * n
-    return {"L": torch.tensor(float(state // per_token if floor else -(-state // per_token)), dtype=_F64)}
+def _cross_formula(case, *, rounding="ceil", same_bytes=False, **kw):
+    state, per_token = _cross_sizes(case.params["layers"], **kw)
+    if same_bytes:
+        state //= 2                                       # the state counted in bf16 like the cache
+    L = {"ceil": -(-state // per_token), "floor": state // per_token, "floor+1": state // per_token + 1}[rounding]
+    return {"L": torch.tensor(float(L), dtype=_F64)}
 
 
 def _cross_judge(got, want, case):
     if close(got["L"], want["L"], atol=0.5, rtol=0):
         return Verdict(True)
     return diagnose(got, [
-        ("round UP: the smallest L whose cache is at least the state (ceil, not floor).", _cross_formula(case, floor=True)),
+        ("round UP: the smallest L whose cache is at least the state (ceil, not floor).", _cross_formula(case, rounding="floor")),
+        ("when the state is an exact multiple of the cache per token, L = state / per_token already reaches it: "
+         "ceil, not floor + 1.", _cross_formula(case, rounding="floor+1")),
+        ("the delta state is fp32 (4 bytes per number), the attention cache bf16 (2): compare bytes, not numbers.",
+         _cross_formula(case, same_bytes=True)),
         ("the delta layers' state includes the convolution's last conv_kernel − 1 inputs.", _cross_formula(case, no_conv=True)),
         ("compare the whole groups: multiply each side by its layer count.", _cross_formula(case, per_layer=True)),
         ("a GQA layer caches num_kv_heads heads, not num_heads.", _cross_formula(case, kv_heads=True)),
-    ], "the smallest L with L × (cache numbers per token of the attention groups) ≥ (state numbers of the delta groups).",
+    ], "the smallest L with L × (bf16 bytes per token of the attention groups) ≥ (fp32 bytes of the delta groups' state).",
         same=lambda a, b: b is not None and close(a["L"], b["L"], atol=0.5, rtol=0))
 
 
 EXERCISES = [
-    Exercise("15_delta_rule", 4, "The gated delta rule, one token at a time",
-             "a function delta_rule(q, k, v, g, beta) -> (o (B, H, L, d_v), S (B, H, d_k, d_v))",
-             _delta_cases, limit_numel(_delta_answer, _delta_limit, _delta_stack), _delta_expected, _delta_judge,
+    Exercise("15_delta_rule", 4, "The gated delta rule: the step the grader loops over",
+             "a function delta_step(S, q, k, v, g, beta) -> (S (B, H, d_k, d_v), o (B, H, C, d_v)) for a chunk "
+             "of C tokens",
+             _delta_cases, _delta_answer, _delta_expected, _delta_judge,
              forbidden=FORBID_COURSE, kind="build"),
     Exercise("15_sink_attention", 3, "Attention with a sink logit per head",
              "a function sink_attn(q, k, v, sinks, mask) -> (out (B, H, Lq, Ev), weights (B, H, Lq, Lk))",
              _sink_cases, _sink_answer, _sink_expected, _sink_judge, forbidden=FORBID_SDPA + FORBID_COURSE, kind="build"),
     Exercise("15_cache_bytes", 2, "What a hybrid model keeps per sequence",
-             "a function cache_bytes(layers, seq_len) -> int (bytes, bf16)",
+             "a function cache_bytes(layers, seq_len) -> int (bytes: attention caches bf16, delta states fp32)",
              _cache_cases, _cache_answer, _cache_expected, _cache_judge, forbidden=FORBID_COURSE, kind="compute"),
     Exercise("15_crossover", 2, "When does attention's cache outgrow the linear layers' state?",
              "a function crossover(layers) -> int (tokens)",
-             _cross_cases, _cross_answer, lambda case: _cross_formula(case), _cross_judge, forbidden=FORBID_COURSE,
+             _cross_cases, _cross_answer, _cross_formula, _cross_judge, forbidden=FORBID_COURSE,
              kind="compute"),
 ]
