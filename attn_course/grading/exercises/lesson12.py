@@ -12,6 +12,7 @@ import math
 import torch
 
 from ..spec import Case, Exercise, FORBID_COURSE, Verdict, close, diagnose, randint, choice, draw, distinct
+from ..budget import OverBudget, Trace
 from .lesson07 import _rope
 
 SANDBOX_ALLOW = ("attn_course.rope",)          # 12.4's cell imports apply_rope
@@ -20,19 +21,13 @@ __all__ = ["EXERCISES", "counted_flops", "OverBudget"]
 _F64 = torch.float64
 
 
-class OverBudget(Exception):
-    """The learner's call counted more FLOPs than the exercise allows against the reference on the same case."""
-
-
 def counted_flops(fn, *args):
-    """``(fn(*args), FLOPs)``: the FLOPs torch's ``FlopCounterMode`` counted while ``fn`` ran (matrix products —
-    ``mm``, ``bmm``, ``einsum``, ``@``, ``F.linear`` — 2 per multiply-add). A stand-in for the trace budget of
-    ``grading/budget.py`` (issue 39): when it lands, 12.5 becomes ``budget={"flops": 1.5}`` with
-    ``reference_fn=_dec_reference`` and 13.6 counts each step with its ``Trace``."""
-    from torch.utils.flop_counter import FlopCounterMode
-    with FlopCounterMode(display=False) as counter:
+    """``(fn(*args), FLOPs)``: the FLOPs the trace budget's :class:`~attn_course.grading.budget.Trace` counted while
+    ``fn`` ran (every matrix product, 2 per multiply-add) — 12.5 compares its step with the absorbed reference's, 13.6
+    each ring step with one block's."""
+    with Trace() as trace:
         out = fn(*args)
-    return out, counter.get_total_flops()
+    return out, trace.flops
 
 
 def _max_diff(got: torch.Tensor, want: torch.Tensor) -> str:
