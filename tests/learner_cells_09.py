@@ -379,7 +379,7 @@ def decode_step(k_cache, v_cache, q, k, v, t):
     W = k_cache.shape[-2]
     k_cache[:, :, t % W], v_cache[:, :, t % W] = k, v
     valid = torch.arange(W) <= t
-    out = F.scaled_dot_product_attention(q[:, :, None], k_cache, v_cache, attn_mask=valid)
+    out = F.scaled_dot_product_attention(q[:, :, None], k_cache, v_cache, attn_mask=valid.view(1, 1, 1, W))
     return out[:, :, 0], k_cache, v_cache
 ''', "FORBIDDEN"),
 ])

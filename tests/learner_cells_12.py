@@ -240,8 +240,10 @@ CELLS["12_absorbed_decode"] = ("absorbed_decode", _DECODE, [
      "(d_nope + d_v, H)"),
     (_edit(_ABS, "W = kv_b_weight.reshape(H, -1, dc)", "W = kv_b_weight.reshape(H, dc, -1).transpose(1, 2)"),
      "where a transpose was needed"),
+    # (the course's own RoPE for the given rope part is allowed in the sandbox — attn_course.rope is lesson 12's
+    # SANDBOX_ALLOW — so that variant is no misconception; the course's MLA module stays out of reach:)
     (_edit(_ABS, "q_pos = rope_half(q_rope, S - 1)",
-           "q_pos = __import__('attn_course.rope').rope.apply_rope(q_rope[:, :, None], torch.tensor([S - 1]))[:, :, 0]"),
+           "q_pos = __import__('attn_course.mla').mla and rope_half(q_rope, S - 1)"),
      "FORBIDDEN"),
 ])
 

@@ -73,9 +73,9 @@ def test_misconception_misses_full_marks_with_its_hint(ex_id, n, capsys):
     result = check_cell(ex_id, source)
     out = capsys.readouterr().out
     assert result.score < result.max_score, out
-    if hint == "FORBIDDEN":
-        assert result.status == "forbidden" and result.score == 0, out
-        assert "which this exercise forbids" in out
+    if hint == "FORBIDDEN":        # refused by the sandbox, or made useless by the step-driven design: 0 either way
+        assert result.score == 0 and (result.status == "forbidden" or not any(c.ok for c in result.cases)), out
+        assert result.status != "forbidden" or "which this exercise forbids" in out
         return
     failed = [c.message for c in result.cases if not c.ok]
     assert failed and any(hint in m for m in failed), out

@@ -148,6 +148,7 @@ def main(jobdir: str) -> None:
     torch.manual_seed(0)
     ns = {"__name__": "__main__", "__builtins__": builtins, "display": print}
     cell_errors: dict[str, str] = {}
+    cell_refused: dict[str, str] = {}
     for n, step in enumerate(prog["steps"]):
         log.write(f"{n} {step['kind']} {step.get('exercise') or step.get('id') or ''}\n")
         if step["kind"] == "code":
@@ -156,6 +157,8 @@ def main(jobdir: str) -> None:
             except BaseException as exc:                  # SystemExit too: the learner's exit is ignored
                 if step.get("exercise"):
                     cell_errors[step["exercise"]] = describe(exc)
+                    if isinstance(exc, sandbox.SandboxError):     # refused while the cell ran (an import, a thread)
+                        cell_refused[step["exercise"]] = exc.rule
                 else:
                     log.write(f"   trusted cell failed: {describe(exc)}\n")
             continue
@@ -163,7 +166,7 @@ def main(jobdir: str) -> None:
         if step["kind"] != "capture" or ex_id not in prog["cases"]:
             continue
         ex = exercises[ex_id]
-        status: dict = {"cell_error": cell_errors.get(ex_id), "cases": []}
+        status: dict = {"cell_error": cell_errors.get(ex_id), "cell_refused": cell_refused.get(ex_id), "cases": []}
         tensors: dict[str, torch.Tensor] = {}
         try:
             obj = eval(compile(step["expr"], f"<check {ex_id}>", "eval"), ns)

@@ -373,7 +373,8 @@ def _case_results(ex: Exercise, cases: list[Case], status: dict, tensors: dict) 
 def refused_rules(status: dict) -> str:
     """The sandbox rules a child's status says were refused (``rule: a; rule: b``), or ""."""
     entries = status.get("cases") if isinstance(status.get("cases"), list) else []
-    rules = sorted({str(e["refused"]) for e in entries if isinstance(e, dict) and e.get("refused")})
+    rules = {str(e["refused"]) for e in entries if isinstance(e, dict) and e.get("refused")}
+    rules = sorted(rules | ({str(status["cell_refused"])} if status.get("cell_refused") else set()))
     return "; ".join(f"rule: {r}" for r in rules)
 
 

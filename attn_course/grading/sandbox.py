@@ -123,6 +123,17 @@ def _no_attribute(name):
                                  f"own modules (its answers) do not exist")
 
 
+def _allowed_name(name):
+    """``attn_course.<name>`` for a public name of a module this exercise set allows (``from attn_course import
+    TransformerBlock`` where ``attn_course.block`` is allowed); anything else is refused."""
+    if not name.startswith("__"):
+        for mod in sorted(_state.allow):
+            m = sys.modules.get(mod)
+            if m is not None and mod.count(".") == 1 and name in getattr(m, "__all__", ()):
+                return getattr(m, name)
+    return _no_attribute(name)
+
+
 def _no_thread(*args, **kwargs):
     raise SandboxError("threads", "starting a thread is refused: learner code runs in one thread of one process")
 
@@ -159,8 +170,8 @@ def lock(allow=(), hide=()) -> None:
         del linecache.cache[name]
     sys.meta_path.insert(0, _Finder)
     sys.modules["attn_course"].__path__ = []           # the stub package: no submodule can be found on disk
-    for stub in ("attn_course", "attn_course.grading"):
-        sys.modules[stub].__getattr__ = _no_attribute
+    sys.modules["attn_course"].__getattr__ = _allowed_name
+    sys.modules["attn_course.grading"].__getattr__ = _no_attribute
     threading.Thread.start = _no_thread
     _thread.start_new_thread = _thread.start_new = threading._start_new_thread = _no_thread
     _posixsubprocess.fork_exec = _no_thread
@@ -275,7 +286,7 @@ def learner_call(kind: str, forbidden=(), allow=()):
     """The rules that hold while the learner's object runs on one case (see the module docstring)."""
     import torch
     fused, ops = _ops_of(forbidden)
-    fused = (fused or kind == "build") and FUSED_OK not in allow
+    fused = fused or (kind == "build" and FUSED_OK not in allow)      # an exercise that forbids them always wins
     autograd = "torch.autograd" in forbidden
     _state.call = (fused, ops, kind == "build")
     patched = []

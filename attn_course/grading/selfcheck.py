@@ -246,7 +246,11 @@ def program_of(ex_id: str, obj: Any) -> list[dict]:
         return [{"kind": "capture", "id": ex_id, "expr": "None"}]
     from . import notebook as nbk
     from .reach import _bound_names, _globals_of
-    g = _globals_of(obj) or {}
+    # a tuple of functions (e.g. 9.7's pair) is rebuilt part by part and captured as a tuple of their names
+    parts = list(obj) if isinstance(obj, tuple) and obj and all(callable(o) for o in obj) else [obj]
+    g = {}
+    for part in parts:
+        g.update(_globals_of(part) or {})
     cells: list[tuple[str, str]] = []
     prelude: dict[str, str] = {}
 
@@ -277,13 +281,17 @@ def program_of(ex_id: str, obj: Any) -> list[dict]:
                 prelude[n] = f"from {v.__module__} import {v.__qualname__} as {n}"
         cells.append((source, label))
 
-    source = judged_source(obj)
-    if source is not None:
-        visit(source, "<exercise cell>")
+    sources = [judged_source(part) for part in parts]
+    for src in sources:
+        if src is not None:
+            visit(src, "<exercise cell>")
+    source = next((src for src in sources if src is not None), None)
     steps = [{"kind": "code", "source": line, "label": "<kernel>", "exercise": ex_id} for line in prelude.values()]
     steps += [{"kind": "code", "source": nbk.strip_magics(src), "label": label,
                **({"exercise": ex_id} if label == "<exercise cell>" else {})} for src, label in cells]
-    name = next((k for k in [getattr(obj, "__name__", None), *g] if isinstance(k, str) and g.get(k) is obj), None)
+    names = [next((k for k in [getattr(part, "__name__", None), *g] if isinstance(k, str) and g.get(k) is part), None)
+             for part in parts]
+    name = None if None in names else names[0] if len(parts) == 1 and parts[0] is obj else f"({', '.join(names)},)"
     if name is None and source is not None:
         name = next((step[2] for step in nbk.split_checks(source) if step[0] == "capture" and step[1] == ex_id), None)
     steps.append({"kind": "capture", "id": ex_id, "expr": name or "None"})
@@ -307,6 +315,7 @@ def zygote():
 
 
 CHECK_TIMEOUT = 60.0                       # seconds one check() may run in the sandbox
+OPEN_CHECK_TIMEOUT = 1800.0                # an open exercise trains the learner's design (the capstone): longer
 
 
 def _run(ex: Exercise, obj: Any) -> CheckResult:
@@ -314,13 +323,20 @@ def _run(ex: Exercise, obj: Any) -> CheckResult:
     result = CheckResult(ex.id, float(ex.points), held_out=in_nbgrader_autograde())
     source = judged_source(obj)
     cases = held_out_cases(ex, exercise_seed(ex, source)) if result.held_out else self_check_cases(ex)
-    out = run_child(program_of(ex.id, obj), {ex.id: cases}, Options(timeout=CHECK_TIMEOUT), zygote=zygote())
+    limit = OPEN_CHECK_TIMEOUT if ex.kind == "open" else CHECK_TIMEOUT
+    out = run_child(program_of(ex.id, obj), {ex.id: cases}, Options(timeout=limit), zygote=zygote())
     result.captured = [line[:300] for line in dict.fromkeys(out.output_tail.splitlines()) if line.strip()][:20]
     if ex.id not in out.answers:
         why = "ran past the time limit" if out.timed_out else "crashed the sandbox"
         result.cases = [CaseResult(c.name, False, f"your code {why}") for c in cases]
         return result
     status, tensors = out.answers[ex.id]
+    if status.get("cell_refused"):                  # the cell itself was refused (an import, a thread): no cases ran
+        rule = refused_rules(status)
+        result.status, result.forbidden = "forbidden", rule.split("; ")
+        result.cases = [CaseResult(c.name, False, f"refused by the sandbox: {status.get('cell_error') or rule}")
+                        for c in cases]
+        return result
     if status.get("capture_error"):
         result.cases = [CaseResult(c.name, False, f"the object to check was not found: {status['capture_error']}")
                         for c in cases]
