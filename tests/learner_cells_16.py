@@ -360,7 +360,7 @@ SHORTCUTS = {
     **{f"hidden numbers: {name}": (src, "parameters", "over the budget of 150,000") for name, src in HIDDEN.items()},
     "recompute, float codes": (RECOMPUTE_FLOAT_CODES, "kv", "re-runs the model over the prefix"),
     "MHA + window 64": (WINDOW_64, "kv", "does not change the logits at the last position"),
-    "trigram table in a buffer": (BUFFER_TABLE, "parameters", "parameters and buffers, over the budget"),
+    "trigram table in a buffer": (BUFFER_TABLE, "parameters", "over the budget of 150,000"),
 }
 
 CELLS["16_capstone"] = ("make_model", _ALIBI_MQA, [
