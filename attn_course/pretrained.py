@@ -1,5 +1,5 @@
 """The course's pretrained language models: three small character-level decoders, trained once on the
-docstrings of Python's standard library, that differ in one thing only — how a head may decline to attend.
+docstrings of Python's standard library, that differ in one thing only — how a head may decline to attend::
 
     plain   softmax attention                                  p_ij = exp(s_ij) / Σ_j' exp(s_ij')
     gated   the same, each head's output times a sigmoid gate   o_i ⊙ σ(W_g x_i)            (Qwen3-Next, G1)

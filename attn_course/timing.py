@@ -127,7 +127,7 @@ def describe(timings: dict[str, Timing], a: str, b: str) -> str:
 
 def ratio_cell(timings: dict[str, Timing], a: str, b: str) -> str:
     """A table cell for ``time(a) / time(b)``: ``"1.8x (1.5–2.1)"``, the median ratio and the per-round range,
-    or ``"noisy (0.05–11), re-run"`` when the rounds disagree by more than :data:`NOISY_SPAN`×."""
+    or ``"noisy (0.05–11), re-run"`` when the rounds disagree by more than :data:`NOISY_SPAN` times."""
     per_round = ratios(timings, a, b)
     lo, hi = min(per_round), max(per_round)
     if hi > NOISY_SPAN * lo:

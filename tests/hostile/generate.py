@@ -208,7 +208,7 @@ def build(dest: Path, pids_dir: Path) -> dict[str, dict[str, float] | None]:
     write("hog", {"01_attention_by_hand": f"PIDS_DIR = {str(pids_dir)!r}\n" + FORK_SLEEPERS
                   + honest["01_attention_by_hand"],
                   "01_causal_padding_mask": MEMORY_BOMB, "01_fix_the_bug": HANG},
-          {**FULL, "01_causal_padding_mask": 0, "01_fix_the_bug": 0})
+          {**FULL, "01_attention_by_hand": 0, "01_causal_padding_mask": 0, "01_fix_the_bug": 0})   # fork: refused
     write("cheater", {"01_attention_by_hand": TENSOR_SUBCLASS, "01_causal_padding_mask": DICT_SUBCLASS,
                       "01_predict_shapes": TAMPER, "01_fix_the_bug": SPOOFED_CLASS, "01_score_std": FAKE_SUCCESS},
           dict.fromkeys(IDS, 0))
