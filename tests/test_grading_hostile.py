@@ -78,8 +78,9 @@ def check_csv_is_the_graders_own(graded):
 
 
 def check_forked_processes_are_killed(graded):
+    # the sandbox refuses os.fork (the hog's cell is refused by "no threads or processes", check_feedback_explains);
+    # whatever did start must not outlive the batch
     pids = [int(p.name) for p in graded["pids"].iterdir()]
-    assert len(pids) >= 8                         # the sleepers did start
     alive = []
     for pid in pids:
         try:
@@ -101,8 +102,8 @@ def check_feedback_explains(graded):
     forbidden = json.loads((out / "forbidden.json").read_text())["exercises"]
     for ex_id in ("01_attention_by_hand", "01_fix_the_bug", "01_causal_padding_mask"):
         assert forbidden[ex_id]["status"] == "forbidden", forbidden[ex_id]
-    assert "scaled_dot_product_attention" in " ".join(forbidden["01_fix_the_bug"]["notes"])   # runtime guard
-    assert "attn_course" in " ".join(forbidden["01_causal_padding_mask"]["notes"])             # runtime guard
+    assert "rule: no fused attention kernels" in " ".join(forbidden["01_fix_the_bug"]["notes"])   # the sandbox
+    assert "rule: no course modules" in " ".join(forbidden["01_causal_padding_mask"]["notes"])  # the sandbox
     reader = json.loads((out / "reader.json").read_text())["exercises"]
     assert "rule: no course modules" in " ".join(reader["01_attention_by_hand"]["notes"])        # the sandbox
     assert "rule: no threads or processes" in " ".join(reader["01_fix_the_bug"]["notes"])
