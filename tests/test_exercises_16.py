@@ -461,8 +461,11 @@ def test_grade_ranks_a_class_end_to_end(tmp_path):
                                                                                     "dave": ("", "no")}
     assert all(float(by[s]["held-out loss"]) < lesson16.BAR for s in ("alice", "carol", "dave"))
     # independent counts: parameters by building the models here, KV bytes per token from the designs
-    assert int(by["alice"]["parameters"]) == sum(p.numel() for p in cell(solution_source())(128).parameters())
-    assert int(by["carol"]["parameters"]) == sum(p.numel() for p in cell(CELLS["16_capstone"][1])(128).parameters())
+    # the grader counts every number a model reaches (lesson16.reachable): its parameters and the few other numbers
+    # it holds (a small constant tensor, settings past the free ones), never fewer than its parameters
+    for s, src in (("alice", solution_source()), ("carol", CELLS["16_capstone"][1])):
+        n_params = sum(p.numel() for p in cell(src)(128).parameters())
+        assert 0 <= int(by[s]["parameters"]) - n_params < 100, (s, by[s]["parameters"], n_params)
     assert [float(by[s]["KV bytes/token"]) for s in ("alice", "carol", "dave")] == [2 * 2 * 2 * 16 * 4,
                                                                                   2 * 2 * 1 * 16 * 4,
                                                                                   2 * 2 * 4 * 16 * 4]
