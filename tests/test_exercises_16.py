@@ -471,5 +471,5 @@ def test_grade_ranks_a_class_end_to_end(tmp_path):
                                                                                   2 * 2 * 4 * 16 * 4]
     md = (out / "leaderboard.md").read_text()
     assert md.startswith("# Leaderboard — 16_capstone") and f"| 1 |  | {ranked[0]} |" in md and "| — |  | bob |" in md
-    assert "within noise of #k" in md and "one seed for the class" in md
+    assert "within noise of #k" in md and "the instructor's class seed" in md
     assert "held-out loss" in (out / "alice.feedback.md").read_text()
