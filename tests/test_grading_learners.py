@@ -154,8 +154,16 @@ def test_a_cell_that_runs_flex_attention_under_the_guard_leaves_later_compiles_w
     spies; what torch.compile cached there used to break every later flex_attention in the process ("Attempted
     to call function marked as skipped") — the lesson's own cells after a check(), and this test suite."""
     from attn_course import sparse
-    cell = next(src for src, hint in CELLS["09_window_tiles"][2] if "flex_attention" in src)
-    assert check_cell("09_window_tiles", cell).status == "forbidden"
+    from learner_cells_09 import _band
+    cell = _band() + (
+        "\nfrom torch.nn.attention.flex_attention import flex_attention\n"
+        "_tiled = band_update\n"
+        "def band_update(m, l, acc, q_i, k_j, v_j, q0, k0, window):\n"
+        "    flex_attention(q_i, k_j, v_j)\n"
+        "    return _tiled(m, l, acc, q_i, k_j, v_j, q0, k0, window)\n")
+    assert check_cell("09_window_tiles", _band()).score == get("09_window_tiles").points
+    result = check_cell("09_window_tiles", cell)
+    assert result.status == "forbidden" and result.score == 0, result
     capsys.readouterr()
     q, k, v = (torch.randn(1, 1, 16, 8, dtype=torch.float64) for _ in range(3))
     out = sparse.flex(q, k, v, block_mask=sparse.block_mask(sparse.causal(), 16, block=8), compiled=False)

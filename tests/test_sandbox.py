@@ -17,6 +17,8 @@ EXPLOITS = {
                       "o, o, o, 0.0, False)", "no fused attention kernels"),
     "aten_sdpa": ("o = torch.ones(1, 1, 2, 2)\n    torch.ops.aten.scaled_dot_product_attention(o, o, o)",
                   "no fused attention kernels"),
+    "flex": ("from torch.nn.attention.flex_attention import flex_attention\n    o = torch.ones(1, 1, 2, 2)\n"
+             "    flex_attention(o, o, o)", "no fused attention kernels"),
     "numpy_gather": ("torch.arange(100000.0).numpy()[::2]", "data stays in torch"),
     "tensorbase_numpy": ("torch._C.TensorBase.numpy(torch.arange(100000.0))[::2]", "data stays in torch"),
     "sys_modules": ("import sys\n    sys.modules['attn_course'].attention", "no course modules"),
@@ -34,21 +36,35 @@ def wrapped(ex_id: str, exploit: str) -> str:
     return correct + f"\n_right_{name} = {name}\n\ndef {name}(*args):\n    {exploit}\n    return _right_{name}(*args)\n"
 
 
-@pytest.mark.parametrize("ex_id", BUILDS)
-@pytest.mark.parametrize("exploit", sorted(EXPLOITS))
+def _allow(ex_id):
+    import importlib
+    return getattr(importlib.import_module(f"attn_course.grading.exercises.lesson{ex_id[:2]}"), "SANDBOX_ALLOW", ())
+
+
+FUSED_OK = [i for i in BUILDS if sandbox.FUSED_OK in _allow(i)]      # lesson 11: SDPA may do the attention
+REFUSED = [(i, e) for i in BUILDS for e in sorted(EXPLOITS)
+           if not (i in FUSED_OK and EXPLOITS[e][1] == "no fused attention kernels")]
+
+
+@pytest.mark.parametrize("ex_id, exploit", REFUSED)
 def test_every_way_around_is_refused_with_its_rule(ex_id, exploit, capsys):
     code, rule = EXPLOITS[exploit]
-    if rule == "no fused attention kernels" and sandbox.FUSED_OK in _allow(ex_id):
-        pytest.skip(f"{ex_id}'s exercise set lets SDPA do the attention (SANDBOX_ALLOW)")
     result = check_cell(ex_id, wrapped(ex_id, code))
     out = capsys.readouterr().out
     assert result.status == "forbidden" and result.score == 0, out
     assert f"rule: {rule}" in out, out
 
 
-def _allow(ex_id):
-    import importlib
-    return getattr(importlib.import_module(f"attn_course.grading.exercises.lesson{ex_id[:2]}"), "SANDBOX_ALLOW", ())
+@pytest.mark.parametrize("ex_id", FUSED_OK)
+def test_where_the_set_allows_fused_kernels_they_cost_nothing(ex_id, capsys):
+    """SANDBOX_ALLOW's "fused attention kernels": the fused calls that are refused elsewhere pass here."""
+    assert FUSED_OK, "lesson 11's exercise set allows SDPA"
+    for exploit in ("aten_sdpa", "flash_for_cpu"):
+        result = check_cell(ex_id, wrapped(ex_id, EXPLOITS[exploit][0]))
+        assert result.status == "checked" and result.score == result.max_score, capsys.readouterr().out
+    result = check_cell(ex_id, wrapped(ex_id, EXPLOITS["flex"][0]))      # a higher-order operator: never runs
+    out = capsys.readouterr().out
+    assert result.status == "forbidden" and "rule: forbidden operation" in out and "higher-order" in out, out
 
 
 def test_the_grader_refuses_each_way_around_with_its_rule(tmp_path):

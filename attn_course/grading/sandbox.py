@@ -222,6 +222,7 @@ def _mode():
                 if name.lstrip("_") in ops:
                     raise SandboxError("op", f"`aten.{name}` is refused in this exercise (its prompt says so)")
                 return func(*args, **(kwargs or {}))
+        from torch._ops import HigherOrderOperator
         from torch.overrides import TorchFunctionMode
 
         class KeepData(TorchFunctionMode):
@@ -229,6 +230,11 @@ def _mode():
             ``F.multi_head_attention_forward`` (nn.MultiheadAttention), fused or not, where fused kernels are refused."""
             def __torch_function__(self, func, types_, args=(), kwargs=None):
                 name = getattr(func, "__name__", "")
+                if isinstance(func, HigherOrderOperator):         # flex_attention's operator, before its dispatch
+                    name = func.name()
+                    if (_state.call or (False,))[0] and any(p in name for p in FUSED):
+                        raise SandboxError("fused", f"`{name}` is refused: write attention from its parts")
+                    raise SandboxError("op", f"`{name}` is a higher-order operator: they do not run in the sandbox")
                 if name == "multi_head_attention_forward" and (_state.call or (False,))[0]:
                     raise SandboxError("fused", "`nn.MultiheadAttention` is refused: write attention from its parts")
                 if name in _EXITS and args:
