@@ -23,7 +23,7 @@ import types
 
 _GRADING = os.path.dirname(os.path.abspath(__file__))
 _PKG = os.path.dirname(_GRADING)
-RUNTIME = ("attn_course", "attn_course.grading", "attn_course.grading.spec", "attn_course.grading.guard",
+RUNTIME = ("attn_course", "attn_course.grading", "attn_course.grading.spec",
            "attn_course.grading.budget", "attn_course.grading.sandbox")
 
 
@@ -94,7 +94,7 @@ def _prune(roots) -> None:
 
 
 def load_answers(ids) -> tuple[dict, tuple]:
-    """``{id: Exercise}`` holding only what runs in the sandbox (``answer_fn``, ``max_numel_fn``, plain fields),
+    """``{id: Exercise}`` holding only what runs in the sandbox (``answer_fn``, plain fields),
     and the modules the exercise sets allow (``SANDBOX_ALLOW``), imported now."""
     import importlib
     out, allow = {}, set()
@@ -102,16 +102,13 @@ def load_answers(ids) -> tuple[dict, tuple]:
         module = importlib.import_module(f"attn_course.grading.exercises.lesson{ex_id[:2]}")
         ex = next(e for e in module.EXERCISES if e.id == ex_id)
         drop = {f.name: None for f in dataclasses.fields(ex) if f.name.endswith("_fn")
-                and f.name not in ("answer_fn", "max_numel_fn")}
+                and f.name != "answer_fn"}
         out[ex_id] = dataclasses.replace(ex, **drop)
         allow |= set(getattr(module, "SANDBOX_ALLOW", ()))
     for name in [*RUNTIME[2:], *allow]:
         if name.startswith("attn_course"):
-            try:
-                importlib.import_module(name)
-            except ModuleNotFoundError:                   # budget.py: not every version has it
-                pass
-    _prune([f for ex in out.values() for f in (ex.answer_fn, ex.max_numel_fn)])
+            importlib.import_module(name)
+    _prune([f for ex in out.values() for f in (ex.answer_fn,)])
     return out, tuple(allow)
 
 

@@ -13,10 +13,9 @@ included, whatever Python path reached the op):
 * ``ops`` — the number of ATen ops dispatched (views included): a Python loop over elements shows here;
 * ``largest`` / ``largest_shape`` — the largest output of any op that is not a view (the biggest tensor formed).
 
-An exercise with ``Exercise.budget`` (e.g. ``{"flops": 2.0, "written": 4.0}``) runs the learner's call and the
-reference (``Exercise.reference_fn``, a plain-torch implementation of the same algorithm) each under a
-:class:`Trace` on the same case; :func:`over_budget` names the first metric above ``factor ×`` the
-reference's. ``check()`` and the bulk grader both go through :meth:`Exercise.answer`, so both apply it.
+An exercise's answer function runs the learner's call under a :class:`Trace` and compares a metric with the
+reference's on the same case (12.5 and 13.6 count FLOPs: :func:`.exercises.lesson12.counted_flops`;
+:func:`.spec.limit_numel` reads ``largest``); :func:`over_budget` names the first metric above ``factor ×``.
 """
 from __future__ import annotations
 

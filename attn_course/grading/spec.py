@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["Case", "Verdict", "Exercise", "NotTiled", "validate", "close", "matches", "first_match", "diagnose",
+__all__ = ["Case", "Verdict", "Exercise", "validate", "close", "matches", "first_match", "diagnose",
            "FORBID_SDPA", "FORBID_COURSE", "randint", "choice", "draw", "distinct"]
 
 # Names for the ``forbidden`` tuple: dotted APIs (attribute chains) or whole modules.
@@ -45,10 +45,6 @@ KINDS = ("build", "compute", "predict", "debug", "open")
 """The kinds of exercise (contract, ``Exercise.kind``): build — the learner writes the lesson's algorithm;
 compute — a quantity (bytes, FLOPs, counts); predict — shapes or outcomes; debug — find and fix a bug;
 open — a design of the learner's own, graded on measured outcomes within a stated budget."""
-
-
-class NotTiled(Exception):
-    """The learner's code materialised a tensor as large as the whole score matrix in a tiling exercise."""
 
 
 @dataclass(frozen=True)
@@ -81,8 +77,6 @@ class Exercise:
     # Optional, added by the grading-validity review (issue 18); every existing set works without them:
     error_hint_fn: Callable[[Case, str], str | None] | None = None   # names the mistake behind an exception
     #   the learner's code raised on this case (e.g. a broadcast error that a known wrong grouping causes)
-    max_numel_fn: Callable[[Case], int] | None = None   # tiling: the learner's object may not create any tensor
-    #   with this many elements or more on this case (e.g. ``lambda c: Lq * Lk``, the whole score matrix)
     kind: str = ""                                  # (contract) one of KINDS: what the exercise asks the learner
     #   to do — build the lesson's algorithm, compute a quantity, predict an outcome, debug code, or an open design
     # The capstone (an "open" exercise, lesson 16): measured numbers for the leaderboard.
@@ -95,10 +89,6 @@ class Exercise:
     #   An exercise with ``rank_by`` gives the whole class ONE seed (selfcheck.exercise_seed), never one per cell.
     time_factor: float = 0.0                        # > 0: the grader's time limit for this lesson is this many
     #   times the course's own solution's run, measured at grade time (runner.calibrate), at least --timeout
-    budget: dict[str, float] | None = None          # the trace budget (grading/budget.py): {metric: factor}, each
-    #   metric of the learner's call ("flops", "written", "ops", "largest") at most factor × the reference's
-    reference_fn: Callable[[Case], Any] | None = None   # the plain-torch reference whose cost sets the budget,
-    #   run on the same case (default: ``expected_fn``)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -108,35 +98,8 @@ class Exercise:
         return self.cases_fn(gen)
 
     def answer(self, obj: Any, case: Case) -> dict[str, torch.Tensor]:
-        """Apply the learner's object to ``case``. With ``budget``, raises :class:`~.budget.OverBudget` when the
-        call cost more than the budget allows against the reference on this case. With ``max_numel_fn``,
-        raises :class:`NotTiled` when the learner's code created a tensor of ``max_numel_fn(case)`` elements
-        or more."""
-        if self.budget:
-            from .budget import OverBudget, Trace, over_budget
-            with Trace() as mine:
-                got = self._answer(obj, case)
-            with Trace() as ref:
-                (self.reference_fn or self.expected_fn)(case)
-            hint = over_budget(mine, ref, self.budget)
-            if hint:
-                raise OverBudget(hint)
-            return got
-        return self._answer(obj, case)
-
-    def _answer(self, obj: Any, case: Case) -> dict[str, torch.Tensor]:
-        limit = self.max_numel_fn(case) if self.max_numel_fn is not None else None
-        if limit is None:
-            return self.answer_fn(obj, case)
-        from .guard import TensorCallWatch
-        with TensorCallWatch() as watch:
-            got = self.answer_fn(obj, case)
-        if watch.largest_numel >= limit:
-            raise NotTiled(f"your code created a tensor of shape {watch.largest_shape} "
-                           f"({watch.largest_numel} elements), as large as the whole score matrix "
-                           f"({limit} elements) or larger: this exercise asks for tiles — keep every "
-                           f"intermediate tensor smaller than Lq·Lk.")
-        return got
+        """Apply the learner's object to ``case`` (in the sandbox: :func:`.sandbox.learner_call` holds)."""
+        return self.answer_fn(obj, case)
 
     def explain_error(self, case: Case, error: str) -> str:
         """The one-line error the learner's code raised on ``case``, with the named mistake if
@@ -252,22 +215,22 @@ def distinct(*values) -> bool:
 
 # ---- lesson 12 (absorbed MLA decode): a size limit named in the exercise's own words ----------------------
 
-class Materialised(NotTiled):
+class Materialised(Exception):
     """The learner's code created a tensor that the algorithm promises never to form (e.g. MLA's per-head keys)."""
 
 
 def limit_numel(answer_fn: Callable[[Any, Case], dict], limit_fn: Callable[[Case], int],
                 message_fn: Callable[[Case, tuple, int], str]) -> Callable[[Any, Case], dict]:
     """``answer_fn`` that fails the case with :class:`Materialised` — its message ``message_fn(case, shape,
-    limit)`` names what a tensor of that ``shape`` is — when the learner's code created a tensor of
-    ``limit_fn(case)`` elements or more. Like ``Exercise.max_numel_fn`` (the same counter,
-    :class:`~attn_course.grading.guard.TensorCallWatch`), for a limit that is not the score matrix."""
+    limit)`` names what a tensor of that ``shape`` is — when any op of the learner's call wrote a tensor of
+    ``limit_fn(case)`` elements or more (:class:`~.budget.Trace`'s ``largest``; a view, ``expand`` too, writes
+    nothing)."""
     def answer(obj, case):
-        from .guard import TensorCallWatch
+        from .budget import Trace
         limit = limit_fn(case)
-        with TensorCallWatch() as watch:
+        with Trace() as trace:
             got = answer_fn(obj, case)
-        if watch.largest_numel >= limit:
-            raise Materialised(message_fn(case, watch.largest_shape, limit))
+        if trace.largest >= limit:
+            raise Materialised(message_fn(case, trace.largest_shape, limit))
         return got
     return answer

@@ -28,10 +28,6 @@ FORBID_SOFTMAX = ("torch.softmax", "torch.nn.functional.softmax", "torch.special
                   "torch.logsumexp", "torch.special.logsumexp", "torch.Tensor.softmax", "torch.Tensor.log_softmax",
                   "torch.Tensor.logsumexp", "torch.nn.Softmax", "torch.nn.LogSoftmax",
                   "torch.nn.functional.softmin", "torch.nn.Softmin")
-# PyTorch's fused CPU flash kernels (review H8-1): refused while the learner's step runs, until the sandbox's
-# dispatcher rule (docs/DESIGN.md §4) refuses every fused attention op in every exercise
-FORBID_FUSED = ("torch.ops.aten._scaled_dot_product_flash_attention_for_cpu",
-                "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward")
 
 
 def _same(got: torch.Tensor, cand: torch.Tensor) -> bool:
@@ -489,11 +485,11 @@ EXERCISES = [
     Exercise("08_tiled_forward", 3, "The tile step of the tiled forward",
              "a function flash_tile(m, l, acc, q_i, k_j, v_j, visible) -> (m_new, l_new, acc_new)",
              _tiled_cases, _fwd_drive, _tiled_expected, _tiled_judge,
-             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX + FORBID_FUSED, kind="build"),
+             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX, kind="build"),
     Exercise("08_backward_from_lse", 3, "Backward from the output and the logsumexp",
              "a function attention_backward(q, k, v, out, lse, dout, causal) -> (dq, dk, dv)",
              _bwd_cases, _bwd_answer, _grads, _bwd_judge,
-             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX + FORBID_FUSED, kind="build"),
+             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX, kind="build"),
     Exercise("08_causal_tiles", 1, "How many tiles does causal attention compute?",
              "a function causal_tiles(L, block_q, block_k) -> int",
              _tiles_cases, _tiles_answer, _tiles_expected, _tiles_judge, forbidden=FORBID_COURSE, kind="compute"),
@@ -503,5 +499,5 @@ EXERCISES = [
     Exercise("08_tiled_backward", 4, "FlashAttention's tiled, recomputing backward: the tile step",
              "a function tile_step(q_i, k_j, v_j, do_i, lse_i, D_i, visible) -> (dq_i, dk_j, dv_j)",
              _tb_cases, _tb_drive, _grads, _tb_judge,
-             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX + FORBID_FUSED, kind="build"),
+             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX, kind="build"),
 ]

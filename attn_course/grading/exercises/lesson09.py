@@ -11,7 +11,7 @@ import math
 import torch
 
 from ..spec import FORBID_COURSE, FORBID_SDPA, Case, Exercise, Verdict, close, diagnose, randint, choice, draw
-from .lesson08 import (_RESCALE_HINT, FORBID_FUSED, FORBID_SOFTMAX, _first, _fwd_step, attention_after_prior, fold_tiles,
+from .lesson08 import (_RESCALE_HINT, FORBID_SOFTMAX, _first, _fwd_step, attention_after_prior, fold_tiles,
                        prior_state, shuffled)
 
 __all__ = ["EXERCISES"]
@@ -586,7 +586,7 @@ EXERCISES = [
              "the pair (band_tiles(L, window, block) -> [(q0, k0), ...], "
              "band_update(m, l, acc, q_i, k_j, v_j, q0, k0, window) -> (m_new, l_new, acc_new))",
              _wt_cases, _wt_answer, _wt_expected, _wt_judge,
-             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX + FORBID_FLEX + FORBID_FUSED, kind="build"),
+             forbidden=FORBID_SDPA + FORBID_COURSE + FORBID_SOFTMAX + FORBID_FLEX, kind="build"),
     Exercise("09_rolling_decode", 3, "Decode with a rolling-buffer cache",
              "a function decode_step(k_cache, v_cache, q, k, v, t) -> (out, k_cache, v_cache)",
              _roll_cases, _roll_answer, _roll_expected, _roll_judge,
