@@ -273,18 +273,15 @@ def test_decode_reference_and_solution_style_pass():
     assert_all_pass("12_absorbed_decode", absorbed_decode)
 
 
-def naive_per_head(q_nope, q_rope, c_kv, k_rope, kv_b_weight):
-    """The naive step one head at a time (review 08-13 H12-1): no tensor of B·H·S·d elements, the same work."""
-    B, H, dn = q_nope.shape
-    S, dr = k_rope.shape[1:]
-    W = kv_b_weight.view(H, -1, c_kv.shape[-1])
-    q_r = _rope_at(q_rope, S - 1)
-    outs = []
-    for h in range(H):
-        k, v = c_kv @ W[h, :dn].T, c_kv @ W[h, dn:].T
-        s = torch.einsum("bd,bsd->bs", q_nope[:, h], k) + torch.einsum("br,bsr->bs", q_r[:, h], k_rope)
-        outs.append(torch.einsum("bs,bsv->bv", (s / math.sqrt(dn + dr)).softmax(-1), v))
-    return torch.stack(outs, 1)
+def _naive_per_head():
+    """The naive step one head at a time (review 08-13 H12-1): the learner cell of tests/learner_cells_12.py."""
+    from learner_cells_12 import _NAIVE_PER_HEAD
+    ns = {"torch": torch, "math": math}
+    exec(_NAIVE_PER_HEAD, ns)
+    return ns["absorbed_decode"]
+
+
+naive_per_head = _naive_per_head()
 
 
 @pytest.mark.parametrize("fn", [lambda *a: naive_decode(*a), lambda *a: naive_decode(*a, values_only=True),
