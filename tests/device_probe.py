@@ -116,8 +116,14 @@ def _attn_course_device_probe():
 
     if getattr(torch.randn, "_attn_course_probe", False):
         return                                                    # installed already
+    # `with torch.device("meta"):` recognises factories by identity in a set it builds once; build it from the
+    # originals now, and add the wrappers, so a device context still places what a wrapper creates
+    from torch.utils._device import _device_constructors
+    constructors = _device_constructors()
     for name in FACTORIES:
         wrap_factory(name)
+        if getattr(torch, name).__wrapped__ in constructors:
+            constructors.add(getattr(torch, name))
     torch.Tensor.to, torch.Tensor.cuda = to, cuda
     torch.nn.Module.to, torch.nn.Module.cuda, torch.nn.Module.cpu = m_to, m_cuda, m_cpu
     torch.nn.Module.__call__ = call

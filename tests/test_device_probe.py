@@ -26,6 +26,9 @@ CASES = [
     ("kept = nn.Linear(4, 4)\nkept(torch.randn(2, 4))", None),                          # never moved: CPU on purpose
     ("model.cpu()\nmodel(torch.randn(2, 4))", None),                                    # moved back by the cell
     ("def batch():\n    return torch.randn(3, 4)\nmodel.to(device)(batch())", "return torch.randn(3, 4)"),
+    # a device context still places the wrapped factories' tensors (lesson 12 counts FLOPs on "meta")
+    ("with torch.device('meta'):\n    t = [torch.randn(2), torch.zeros(2), torch.arange(3), torch.empty(1)]\n"
+     "assert {x.device.type for x in t} == {'meta'}, [x.device for x in t]", None),
 ]
 
 
