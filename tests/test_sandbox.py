@@ -21,6 +21,9 @@ EXPLOITS = {
              "    flex_attention(o, o, o)", "no fused attention kernels"),
     "numpy_gather": ("torch.arange(100000.0).numpy()[::2]", "data stays in torch"),
     "tensorbase_numpy": ("torch._C.TensorBase.numpy(torch.arange(100000.0))[::2]", "data stays in torch"),
+    # small pieces add up: 4 blocks of 8 floats through numpy, or 64 floats one number at a time (review H14-1)
+    "numpy_blocks": ("[torch.arange(8.0).numpy() for _ in range(4)]", "data stays in torch"),
+    "float_items": ("[float(x) for x in torch.arange(64.0)]", "data stays in torch"),
     "sys_modules": ("import sys\n    sys.modules['attn_course'].attention", "no course modules"),
     "importlib": ("import importlib\n    importlib.import_module('attn_' + 'course.functional')", "no course modules"),
     "from_file": (f"import importlib.util\n    s = importlib.util.spec_from_file_location('f', {str(PKG / 'functional.py')!r})"

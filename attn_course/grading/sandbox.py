@@ -5,8 +5,8 @@ child for ``check()`` and ``attn-course grade``. From then on: no course modules
 the exercise set's ``SANDBOX_ALLOW``; a meta-path finder and an audit hook refuse the rest, in every thread and
 through every path), no threads or processes, no native code. :func:`learner_call` adds, while the learner's
 object runs on one case: no fused attention kernels and the exercise's other forbidden ops (a
-TorchDispatchMode), and in a build exercise, data stays in torch (a TorchFunctionMode: at most
-:data:`DATA_LIMIT` elements leave). Each refusal raises :class:`SandboxError` (``rule: <name> — ...``).
+TorchDispatchMode), and in a build exercise, data stays in torch (a TorchFunctionMode: an integer tensor of at most
+:data:`DATA_LIMIT` elements may leave, floating-point values only :data:`FLOAT_LIMIT` per call in all). Each refusal raises :class:`SandboxError` (``rule: <name> — ...``).
 The rules, why, and what an in-process sandbox cannot close: docs/grading.md, "The sandbox".
 """
 from __future__ import annotations
@@ -17,14 +17,15 @@ import sys
 import threading
 import traceback
 
-__all__ = ["SandboxError", "RULES", "FUSED", "DATA_LIMIT", "lock", "learner_call", "describe_exception"]
+__all__ = ["SandboxError", "RULES", "FUSED", "DATA_LIMIT", "FLOAT_LIMIT", "lock", "learner_call", "describe_exception"]
 
 RULES = {"course": "no course modules", "threads": "no threads or processes", "native": "no native code",
          "fused": "no fused attention kernels", "data": "data stays in torch", "op": "forbidden operation"}
 FUSED = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention", "_fused_sdp",
          "multi_head_attention", "transformer_encoder_layer", "flex_attention")
 FUSED_OK = "fused attention kernels"     # in an exercise set's SANDBOX_ALLOW: its exercises may call them (lesson 11)
-DATA_LIMIT = 4096                        # elements a tensor may hand out of torch in a build exercise
+DATA_LIMIT = 4096                        # elements an integer tensor may hand out of torch in a build exercise
+FLOAT_LIMIT = 16                         # floating-point values that may leave torch during one call, in all
 PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = None
 
@@ -60,6 +61,7 @@ class _State:
     allow: frozenset = frozenset()
     hidden: set = set()
     call = None                          # while the learner's object runs: (refuse_fused, ops, build)
+    floats_out = 0                       # floating-point values that left torch during this call
 
 
 _state = _State()
@@ -183,7 +185,7 @@ def lock(allow=(), hide=()) -> None:
 # ---- while the learner's object runs ---------------------------------------------------------------------
 
 _EXITS = {"numpy", "__array__", "tolist", "storage", "untyped_storage", "_typed_storage", "data_ptr", "__dlpack__",
-          "__iter__"}
+          "__iter__", "item", "__float__", "__int__", "__format__", "__repr__", "__str__"}
 
 
 def _install_tensor_exits(torch) -> None:
@@ -198,10 +200,22 @@ def _install_tensor_exits(torch) -> None:
 
 
 def _data_rule(name, t) -> None:
+    """In a build exercise: a tensor of more than :data:`DATA_LIMIT` elements never leaves torch; floating-point
+    values leave (as numbers, arrays, lists or text) at most :data:`FLOAT_LIMIT` per call, counted together —
+    one block at a time, or one ``.item()`` at a time, adds up. Iterating stays in torch: only its size counts."""
     call = _state.call
-    if call is not None and call[2] and hasattr(t, "numel") and t.numel() > DATA_LIMIT:
-        raise SandboxError("data", f"`Tensor.{name}` of a tensor of {t.numel()} elements (more than "
+    if call is None or not call[2] or not hasattr(t, "numel"):
+        return
+    n = t.numel()
+    if n > DATA_LIMIT:
+        raise SandboxError("data", f"`Tensor.{name}` of a tensor of {n} elements (more than "
                                    f"{DATA_LIMIT}): in a build exercise the data stays in torch")
+    if name != "__iter__" and (t.is_floating_point() or t.is_complex()):
+        _state.floats_out += n
+        if _state.floats_out > FLOAT_LIMIT:
+            raise SandboxError("data", f"`Tensor.{name}`: {_state.floats_out} floating-point values have left "
+                                       f"torch in this call (at most {FLOAT_LIMIT}, printing included): in a "
+                                       f"build exercise the data stays in torch — print shapes, or a few values")
 
 
 _mode_cls = None
@@ -295,6 +309,7 @@ def learner_call(kind: str, forbidden=(), allow=()):
     fused = fused or (kind == "build" and FUSED_OK not in allow)      # an exercise that forbids them always wins
     autograd = "torch.autograd" in forbidden
     _state.call = (fused, ops, kind == "build")
+    _state.floats_out = 0
     patched = []
     refuse, keep_data = _mode()
     mode = refuse()
