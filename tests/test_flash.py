@@ -263,7 +263,8 @@ from attn_course.flash_tuned import flash_attention_tuned  # noqa: E402
 @pytest.mark.parametrize("seed", range(6))
 def test_tuned_fp64_matches_sdpa_on_random_shapes(seed, is_causal, lazy):
     """Random (B, H, Lq, Lk, E, Ev) and tiles, L rarely a multiple of the tile; scores of scale up to 4 so
-    that some later tiles raise the maximum (the lazy path's exact recompute)."""
+    that some later tiles raise the maximum (the lazy path's exact recompute); a tile budget that puts the
+    B·H heads in groups of 1 to B·H (a last group smaller than the others included)."""
     g = torch.Generator().manual_seed(seed)
     B, H = (int(x) for x in torch.randint(1, 4, (2,), generator=g))
     Lq, Lk = (int(x) for x in torch.randint(1, 130, (2,), generator=g))
@@ -271,7 +272,10 @@ def test_tuned_fp64_matches_sdpa_on_random_shapes(seed, is_causal, lazy):
     bq, bk = (int(x) for x in torch.randint(1, 48, (2,), generator=g))
     q, k, v = (torch.randn(B, H, L, e, dtype=torch.float64, generator=g) * 2
                for L, e in ((Lq, E), (Lk, E), (Lk, Ev)))
-    out = flash_attention_tuned(q, k, v, is_causal=is_causal, block_q=bq, block_k=bk, lazy_rescale=lazy)
+    group = int(torch.randint(1, B * H + 1, (1,), generator=g))                  # heads per score tile
+    tile_bytes = group * min(bq, Lq) * max(min(bk, Lk), min(bq, Lq) if is_causal else 0) * 8
+    out = flash_attention_tuned(q, k, v, is_causal=is_causal, block_q=bq, block_k=bk, lazy_rescale=lazy,
+                                tile_bytes=tile_bytes)
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
     torch.testing.assert_close(out, ref, **TOL[torch.float64])
 
@@ -284,6 +288,16 @@ def test_tuned_low_precision_matches_sdpa(dtype, is_causal):
     assert out.dtype == dtype
     ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=is_causal).to(dtype)
     torch.testing.assert_close(out, ref, **TOL[dtype])
+
+
+def test_tuned_processes_heads_in_groups_whose_tile_fits_the_budget():
+    """tile_bytes = 2 tiles of fp64: 5 heads go through every key tile as 2 + 2 + 1 (three matmuls per tile)."""
+    q, k, v = _qkv((1, 5, 32, 4), 32, grad=False)
+    rec = _Recorder()
+    with rec:
+        out = flash_attention_tuned(q, k, v, block_q=16, block_k=8, tile_bytes=2 * 16 * 8 * 8)
+    assert rec.ops.count("baddbmm") == 3 * 2 * 4                      # 3 groups × 2 query blocks × 4 key tiles
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), **TOL[torch.float64])
 
 
 def test_tuned_default_tiles_and_custom_scale_and_three_dims():
