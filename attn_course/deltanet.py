@@ -194,13 +194,14 @@ class GatedDeltaNet(nn.Module):
                    conv_kernel=attr(config, "linear_conv_kernel_dim", 4), eps=attr(config, "rms_norm_eps", 1e-6),
                    activation=attr(config, "hidden_act", "silu"))
 
-    def state_bytes(self, batch_size: int = 1, dtype=torch.float32) -> int:
-        """Bytes of the decoding state per layer: the delta-rule state and the convolution's last K−1 inputs —
-        constant in the sequence length."""
-        el = torch.empty(0, dtype=dtype).element_size()
+    def state_bytes(self, batch_size: int = 1, dtype=torch.float32, conv_dtype=None) -> int:
+        """Bytes of the decoding state per layer: the delta-rule state (in ``dtype``, fp32 as served) and the
+        convolution's last K−1 inputs (in ``conv_dtype``, default the module's weights' dtype — as transformers
+        keeps Qwen3-Next's ``conv_state``; a bf16 model: 2 bytes) — constant in the sequence length."""
+        size = lambda dt: torch.empty(0, dtype=dt).element_size()
         state = self.num_v_heads * self.head_k_dim * self.head_v_dim
         conv = self.conv_dim * (self.conv1d.kernel_size[0] - 1)
-        return batch_size * (state + conv) * el
+        return batch_size * (state * size(dtype) + conv * size(conv_dtype or self.conv1d.weight.dtype))
 
     def project(self, x: torch.Tensor):
         """q, k ``(B, Hv, L, d_k)`` (L2-normalised, q scaled by 1/√d_k, key heads repeated per value head),

@@ -99,11 +99,11 @@ def sink_attn(q, k, v, sinks, mask):
 
 CELLS["15_cache_bytes"] = ("cache_bytes", '''
 def cache_bytes(layers, seq_len):
-    \"\"\"Per group: bytes per layer (bf16 caches, fp32 delta states), times the layer count.\"\"\"
+    \"\"\"Per group: bytes per layer (bf16 caches and conv inputs, fp32 delta state matrices), times the count.\"\"\"
     rules = {
         "gqa": lambda d: 2 * 2 * d["num_kv_heads"] * d["head_dim"] * min(seq_len, d.get("window") or seq_len),
         "mla": lambda d: 2 * (d["kv_lora_rank"] + d["qk_rope_head_dim"]) * seq_len,
-        "delta": lambda d: 4 * (d["num_heads"] * d["k_head_dim"] * d["head_dim"] + d["conv_channels"] * (d["conv_kernel"] - 1)),
+        "delta": lambda d: 4 * d["num_heads"] * d["k_head_dim"] * d["head_dim"] + 2 * d["conv_channels"] * (d["conv_kernel"] - 1),
     }
     return sum(rules[d["kind"]](d) * d["count"] for d in layers)
 ''', [('''
@@ -115,7 +115,7 @@ def cache_bytes(layers, seq_len):
         elif d["kind"] == "mla":
             total += 2 * (d["kv_lora_rank"] + d["qk_rope_head_dim"]) * seq_len * d["count"]
         else:
-            total += 4 * (d["num_heads"] * d["k_head_dim"] * d["head_dim"] + d["conv_channels"] * 3) * d["count"]
+            total += (4 * d["num_heads"] * d["k_head_dim"] * d["head_dim"] + 2 * d["conv_channels"] * 3) * d["count"]
     return total
 ''', "min(seq_len, window)"), ('''
 def cache_bytes(layers, seq_len):
@@ -126,7 +126,7 @@ def cache_bytes(layers, seq_len):
         elif d["kind"] == "mla":
             total += 2 * (d["kv_lora_rank"] + d["qk_rope_head_dim"]) * seq_len * d["count"]
         else:
-            total += 4 * (d["num_heads"] * d["k_head_dim"] * d["head_dim"] + d["conv_channels"] * 3) * seq_len * d["count"]
+            total += (4 * d["num_heads"] * d["k_head_dim"] * d["head_dim"] + 2 * d["conv_channels"] * 3) * seq_len * d["count"]
     return total
 ''', "does not grow with the sequence"), ('''
 def cache_bytes(layers, seq_len):
@@ -140,14 +140,27 @@ def cache_bytes(layers, seq_len):
         else:
             total += (d["num_heads"] * d["k_head_dim"] * d["head_dim"] + d["conv_channels"] * 3) * d["count"]
     return 2 * total
-''', "kept in fp32")])
+''', "kept in fp32"), ('''
+def cache_bytes(layers, seq_len):
+    \"\"\"The convolution inputs counted in fp32 with the state (this exercise's rule before the audit of M15-4).\"\"\"
+    total = 0
+    for d in layers:
+        if d["kind"] == "gqa":
+            total += 2 * 2 * d["num_kv_heads"] * d["head_dim"] * min(seq_len, d.get("window", seq_len)) * d["count"]
+        elif d["kind"] == "mla":
+            total += 2 * (d["kv_lora_rank"] + d["qk_rope_head_dim"]) * seq_len * d["count"]
+        else:
+            total += 4 * (d["num_heads"] * d["k_head_dim"] * d["head_dim"] + d["conv_channels"] * 3) * d["count"]
+    return total
+''', "convolution inputs are bf16")
+])
 
 _CROSS = '''
 import math
 
 def crossover(layers):
-    \"\"\"Bytes: the delta state in fp32 (4), the attention cache in bf16 (2).\"\"\"
-    state = sum(4 * d["count"] * (d["num_heads"] * d["k_head_dim"] * d["head_dim"] + d["conv_channels"] * (d["conv_kernel"] - 1))
+    \"\"\"Bytes: the delta state matrices in fp32 (4), the attention cache and the conv inputs in bf16 (2).\"\"\"
+    state = sum(d["count"] * (4 * d["num_heads"] * d["k_head_dim"] * d["head_dim"] + 2 * d["conv_channels"] * (d["conv_kernel"] - 1))
                 for d in layers if d["kind"] == "delta")
     grow = sum(2 * d["count"] * (2 * d["num_kv_heads"] * d["head_dim"] if d["kind"] == "gqa" else d["kv_lora_rank"] + d["qk_rope_head_dim"])
                for d in layers if d["kind"] != "delta")
@@ -158,9 +171,12 @@ CELLS["15_crossover"] = ("crossover", _CROSS.replace("ROUND", "math.ceil(state /
     (_CROSS.replace("ROUND", "state // grow"), "round UP"),
     # review 14-16 (15.4): "strictly more than": floor + 1 -- wrong exactly when the state is a multiple
     (_CROSS.replace("ROUND", "state // grow + 1"), "ceil, not floor + 1"),
-    (_CROSS.replace("ROUND", "-(-state // grow)").replace("sum(4 * d", "sum(2 * d"), "compare bytes, not numbers"),
-    (_CROSS.replace("ROUND", "-(-state // grow)").replace(' + d["conv_channels"] * (d["conv_kernel"] - 1)', ""),
+    (_CROSS.replace("ROUND", "-(-state // grow)").replace('(4 * d["num_heads"]', '(2 * d["num_heads"]'),
+     "compare bytes, not numbers"),
+    (_CROSS.replace("ROUND", "-(-state // grow)").replace(' + 2 * d["conv_channels"] * (d["conv_kernel"] - 1)', ""),
      "convolution"),
+    (_CROSS.replace("ROUND", "-(-state // grow)").replace('+ 2 * d["conv_channels"]', '+ 4 * d["conv_channels"]'),
+     "convolution inputs are bf16"),
 ])
 
 
@@ -201,7 +217,7 @@ def crossover(layers):
     def cache(L):
         return sum(2 * d["count"] * L * (2 * d["num_kv_heads"] * d["head_dim"] if d["kind"] == "gqa"
                                          else d["kv_lora_rank"] + d["qk_rope_head_dim"]) for d in layers if d["kind"] != "delta")
-    state = sum(4 * d["count"] * (d["num_heads"] * d["k_head_dim"] * d["head_dim"] + d["conv_channels"] * (d["conv_kernel"] - 1))
+    state = sum(d["count"] * (4 * d["num_heads"] * d["k_head_dim"] * d["head_dim"] + 2 * d["conv_channels"] * (d["conv_kernel"] - 1))
                 for d in layers if d["kind"] == "delta")
     lo, hi = 0, 1
     while cache(hi) < state:

@@ -97,6 +97,8 @@ def test_delta_state_does_not_grow_with_length():
     mixed = kv_cache_bytes("delta", seq_len=10, num_heads=4, head_dim=6, k_head_dim=8, conv_channels=56, conv_kernel=4,
                            dtype=torch.bfloat16, state_dtype=torch.float32)
     assert mixed == 4 * 8 * 6 * 4 + 56 * 3 * 2                          # the state in fp32, the conv inputs in bf16
+    assert mixed == GatedDeltaNet(32, 2, 4, 8, 6).to(torch.bfloat16).state_bytes()     # a bf16 module: the same
+    assert mixed == GatedDeltaNet(32, 2, 4, 8, 6).state_bytes(conv_dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="k_head_dim"):
         kv_cache_bytes("delta", seq_len=10, num_heads=4, head_dim=6)
 

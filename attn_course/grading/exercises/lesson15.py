@@ -2,8 +2,8 @@
 
 References are computed here in float64 from the definitions — the delta rule as the matrix recurrence
 S_t = α_t (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ, the sink softmax with an explicit extra column, the cache
-of a layer group in closed form (attention caches in bf16, a delta layer's state in fp32 as
-``GatedDeltaNet.state_bytes`` and transformers keep it) — independently of ``attn_course.deltanet``, ``sinks``
+of a layer group in closed form (attention caches and a delta layer's convolution inputs in bf16, its state
+matrices in fp32, as transformers keeps Qwen3-Next's cache and lesson 15's table counts it) — independently of ``attn_course.deltanet``, ``sinks``
 and ``memory``. Hints are found by computing what each common mistake returns on the same inputs. In 15.1 the
 grader drives the recurrence and the learner writes the step (a chunk of 1-4 tokens with the state before it):
 the learner's code never holds more than one state.
@@ -202,8 +202,9 @@ def _cache_answer(fn, case):
 
 
 def _cache_formula(case, *, ignore_window=False, mha=False, delta_grows=False, one_layer=False, fp32=False,
-                   state_bf16=False):
-    """Bytes: attention caches in bf16 (2 bytes), a delta layer's state in fp32 (4 bytes)."""
+                   state_bf16=False, conv_fp32=False):
+    """Bytes: attention caches and a delta layer's convolution inputs in bf16 (2 bytes), its state matrices in
+    fp32 (4 bytes) -- as transformers keeps Qwen3-Next's (conv_state in the weights' dtype)."""
     total = 0
     L = case.params["seq_len"]
     for g in case.params["layers"]:
@@ -215,8 +216,9 @@ def _cache_formula(case, *, ignore_window=False, mha=False, delta_grows=False, o
         elif g["kind"] == "mla":
             total += (g["kv_lora_rank"] + g["qk_rope_head_dim"]) * L * n * (4 if fp32 else 2)
         else:
-            state = g["num_heads"] * g["k_head_dim"] * g["head_dim"] + g["conv_channels"] * (g["conv_kernel"] - 1)
-            total += state * (L if delta_grows else 1) * n * (2 if state_bf16 else 4)
+            state = g["num_heads"] * g["k_head_dim"] * g["head_dim"] * (2 if state_bf16 else 4)
+            conv = g["conv_channels"] * (g["conv_kernel"] - 1) * (4 if conv_fp32 else 2)
+            total += (state + conv) * (L if delta_grows else 1) * n
     return {"bytes": torch.tensor(float(total), dtype=_F64)}
 
 
@@ -235,10 +237,12 @@ def _cache_judge(got, want, case):
         ("multiply by the number of layers in each group (count).", _cache_formula(case, one_layer=True)),
         ("the attention caches are bf16: 2 bytes per number (only the delta state is fp32).",
          _cache_formula(case, fp32=True)),
-        ("a delta layer's state is kept in fp32 (4 bytes per number: a sum over every token needs the precision), "
-         "not bf16.", _cache_formula(case, state_bf16=True)),
-    ], "per group: gqa 2·H_kv·d_h·tokens, mla (d_c + d_R)·tokens (× 2 bytes), delta (H·d_k·d_v + conv·(K−1)) "
-       "× 4 bytes; × count.",
+        ("a delta layer's state matrices are kept in fp32 (4 bytes per number: a sum over every token needs the "
+         "precision), not bf16.", _cache_formula(case, state_bf16=True)),
+        ("a delta layer's convolution inputs are bf16 like the attention caches (2 bytes); only its state matrices "
+         "are fp32.", _cache_formula(case, conv_fp32=True)),
+    ], "per group: gqa 2·H_kv·d_h·tokens, mla (d_c + d_R)·tokens (× 2 bytes), delta 4·H·d_k·d_v + 2·conv·(K−1) "
+       "bytes; × count.",
         same=lambda a, b: b is not None and close(a["bytes"], b["bytes"], atol=0.5, rtol=0))
 
 
@@ -254,14 +258,15 @@ def _cross_group(gen, n):
     return [attn, delta] if randint(gen, 0, 1) else [delta, attn]
 
 
-def _cross_sizes(layers, *, no_conv=False, per_layer=False, kv_heads=False):
-    """(bytes of the delta groups' state (fp32), bytes per token of the attention groups' cache (bf16))."""
+def _cross_sizes(layers, *, no_conv=False, per_layer=False, kv_heads=False, state_bytes=4, conv_bytes=2):
+    """(bytes of the delta groups' state (matrices fp32, convolution inputs bf16), bytes per token of the
+    attention groups' cache (bf16))."""
     state = per_token = 0
     for g in layers:
         n = 1 if per_layer else g["count"]
         if g["kind"] == "delta":
-            state += 4 * (g["num_heads"] * g["k_head_dim"] * g["head_dim"]
-                          + (0 if no_conv else g["conv_channels"] * (g["conv_kernel"] - 1))) * n
+            state += (state_bytes * g["num_heads"] * g["k_head_dim"] * g["head_dim"]
+                      + (0 if no_conv else conv_bytes * g["conv_channels"] * (g["conv_kernel"] - 1))) * n
         elif g["kind"] == "gqa":
             per_token += 2 * 2 * (g["num_heads"] if kv_heads else g["num_kv_heads"]) * g["head_dim"] * n
         else:
@@ -285,9 +290,9 @@ def _cross_answer(fn, case):
 
 
 def _cross_formula(case, *, rounding="ceil", same_bytes=False, **kw):
-    state, per_token = _cross_sizes(case.params["layers"], **kw)
     if same_bytes:
-        state //= 2                                       # the state counted in bf16 like the cache
+        kw["state_bytes"] = 2                             # the state matrices counted in bf16 like the cache
+    state, per_token = _cross_sizes(case.params["layers"], **kw)
     L = {"ceil": -(-state // per_token), "floor": state // per_token, "floor+1": state // per_token + 1}[rounding]
     return {"L": torch.tensor(float(L), dtype=_F64)}
 
@@ -299,12 +304,15 @@ def _cross_judge(got, want, case):
         ("round UP: the smallest L whose cache is at least the state (ceil, not floor).", _cross_formula(case, rounding="floor")),
         ("when the state is an exact multiple of the cache per token, L = state / per_token already reaches it: "
          "ceil, not floor + 1.", _cross_formula(case, rounding="floor+1")),
-        ("the delta state is fp32 (4 bytes per number), the attention cache bf16 (2): compare bytes, not numbers.",
-         _cross_formula(case, same_bytes=True)),
+        ("the delta state matrices are fp32 (4 bytes per number), the attention cache bf16 (2): compare bytes, "
+         "not numbers.", _cross_formula(case, same_bytes=True)),
+        ("the delta layers' convolution inputs are bf16 (2 bytes), like the cache; only the state matrices are fp32.",
+         _cross_formula(case, conv_bytes=4)),
         ("the delta layers' state includes the convolution's last conv_kernel − 1 inputs.", _cross_formula(case, no_conv=True)),
         ("compare the whole groups: multiply each side by its layer count.", _cross_formula(case, per_layer=True)),
         ("a GQA layer caches num_kv_heads heads, not num_heads.", _cross_formula(case, kv_heads=True)),
-    ], "the smallest L with L × (bf16 bytes per token of the attention groups) ≥ (fp32 bytes of the delta groups' state).",
+    ], "the smallest L with L × (bf16 bytes per token of the attention groups) ≥ (bytes of the delta groups' state: "
+       "matrices fp32, convolution inputs bf16).",
         same=lambda a, b: b is not None and close(a["L"], b["L"], atol=0.5, rtol=0))
 
 
@@ -318,7 +326,8 @@ EXERCISES = [
              "a function sink_attn(q, k, v, sinks, mask) -> (out (B, H, Lq, Ev), weights (B, H, Lq, Lk))",
              _sink_cases, _sink_answer, _sink_expected, _sink_judge, forbidden=FORBID_SDPA + FORBID_COURSE, kind="build"),
     Exercise("15_cache_bytes", 2, "What a hybrid model keeps per sequence",
-             "a function cache_bytes(layers, seq_len) -> int (bytes: attention caches bf16, delta states fp32)",
+             "a function cache_bytes(layers, seq_len) -> int (bytes: attention caches bf16, delta states fp32, their "
+             "convolution inputs bf16)",
              _cache_cases, _cache_answer, _cache_expected, _cache_judge, forbidden=FORBID_COURSE, kind="compute"),
     Exercise("15_crossover", 2, "When does attention's cache outgrow the linear layers' state?",
              "a function crossover(layers) -> int (tokens)",
