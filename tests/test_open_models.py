@@ -305,8 +305,9 @@ def test_sparse_indexer_picks_what_deepseek_v32_picks(L, topk):
 
 
 def test_sparse_indexer_per_sequence_positions_match_deepseek_v32():
-    """(B, L) positions — transformers' position_ids, a different offset per sequence — rotate each sequence by its
-    own positions, also when B equals the number of index heads (where a wrong broadcast would pair them)."""
+    """(B, L) positions — transformers' position_ids, with gaps that differ per sequence (a common offset would
+    not change RoPE's scores at all) — rotate each sequence by its own positions, also when B equals the number
+    of index heads (where a wrong broadcast would pair them)."""
     from transformers.models.deepseek_v32 import modeling_deepseek_v32 as hf
     cfg = _dsv32_config(index_topk=12)
     theirs = _randomise(hf.DeepseekV32Indexer(cfg, 0).double())
@@ -314,14 +315,18 @@ def test_sparse_indexer_per_sequence_positions_match_deepseek_v32():
     ours.load_state_dict(theirs.state_dict(), strict=True)
     B, L = cfg.index_n_heads, 7                                          # B == H_I on purpose
     x, c = torch.randn(B, L, 32, dtype=F64), torch.randn(B, L, 16, dtype=F64)
-    pos = torch.arange(L)[None] + torch.tensor([0, 5, 11, 40])[:, None]                  # (B, L)
-    cos, sin = zip(*(_tables(ours.rope, L, B=1, offset=int(o)) for o in pos[:, 0]))
+    g = torch.Generator().manual_seed(3)
+    pos = torch.stack([torch.randperm(60, generator=g)[:L].sort().values for _ in range(B)])   # (B, L), gaps
+    ang = pos.to(F64)[..., None] * ours.rope.inv_freq                                    # (B, L, r/2)
+    emb, scaling = torch.cat((ang, ang), -1), ours.rope.attention_scaling
+    cos, sin = [emb.cos() * scaling], [emb.sin() * scaling]
     causal = torch.ones(L, L, dtype=torch.bool).tril()[None].expand(B, L, L)
     with torch.no_grad():
         got = ours.index_scores(x, c, pos)
         want = theirs(x, c, (torch.cat(cos), torch.cat(sin)), causal, None)   # top-12 of 7 keys: the full order
         for b in range(B):                                                  # each sequence alone, (L,) positions
             torch.testing.assert_close(got[b], ours.index_scores(x[b:b + 1], c[b:b + 1], pos[b])[0], rtol=0, atol=1e-12)
+        assert (got - ours.index_scores(x, c)).nan_to_num(0.0).abs().max() > 1e-3     # the positions matter here
     for b in range(B):
         for t in range(L):
             mine = got[b, t, : t + 1].sort(descending=True).values                 # ties (ReLU zeros) in any order
