@@ -6,7 +6,8 @@ the exercise set's ``SANDBOX_ALLOW``; a meta-path finder and an audit hook refus
 through every path), no threads or processes, no native code. :func:`learner_call` adds, while the learner's
 object runs on one case: no fused attention kernels and the exercise's other forbidden ops (a
 TorchDispatchMode), and in a build exercise, data stays in torch (a TorchFunctionMode: an integer tensor of at most
-:data:`DATA_LIMIT` elements may leave, floating-point values only :data:`FLOAT_LIMIT` per call in all). Each refusal raises :class:`SandboxError` (``rule: <name> — ...``).
+:data:`DATA_LIMIT` elements may leave, floating-point values only :data:`FLOAT_LIMIT` per case in all). Each
+refusal raises :class:`SandboxError` (``rule: <name> — ...``).
 The rules, why, and what an in-process sandbox cannot close: docs/grading.md, "The sandbox".
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ FUSED = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_
          "multi_head_attention", "transformer_encoder_layer", "flex_attention")
 FUSED_OK = "fused attention kernels"     # in an exercise set's SANDBOX_ALLOW: its exercises may call them (lesson 11)
 DATA_LIMIT = 4096                        # elements an integer tensor may hand out of torch in a build exercise
-FLOAT_LIMIT = 16                         # floating-point values that may leave torch during one call, in all
+FLOAT_LIMIT = 16                         # floating-point values that may leave torch during one case, in all
 PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = None
 
@@ -61,7 +62,7 @@ class _State:
     allow: frozenset = frozenset()
     hidden: set = set()
     call = None                          # while the learner's object runs: (refuse_fused, ops, build)
-    floats_out = 0                       # floating-point values that left torch during this call
+    floats_out = 0                       # floating-point values that left torch during this case
 
 
 _state = _State()
@@ -201,7 +202,7 @@ def _install_tensor_exits(torch) -> None:
 
 def _data_rule(name, t) -> None:
     """In a build exercise: a tensor of more than :data:`DATA_LIMIT` elements never leaves torch; floating-point
-    values leave (as numbers, arrays, lists or text) at most :data:`FLOAT_LIMIT` per call, counted together —
+    values leave (as numbers, arrays, lists or text) at most :data:`FLOAT_LIMIT` per case, counted together —
     one block at a time, or one ``.item()`` at a time, adds up. Iterating stays in torch: only its size counts."""
     call = _state.call
     if call is None or not call[2] or not hasattr(t, "numel"):
@@ -214,7 +215,7 @@ def _data_rule(name, t) -> None:
         _state.floats_out += n
         if _state.floats_out > FLOAT_LIMIT:
             raise SandboxError("data", f"`Tensor.{name}`: {_state.floats_out} floating-point values have left "
-                                       f"torch in this call (at most {FLOAT_LIMIT}, printing included): in a "
+                                       f"torch on this case (at most {FLOAT_LIMIT}, printing included): in a "
                                        f"build exercise the data stays in torch — print shapes, or a few values")
 
 
