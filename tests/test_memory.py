@@ -116,5 +116,14 @@ def test_open_model_table_by_hand():
     assert all(g["state_dtype"] == "float32" for g in m["Qwen3-Next-80B-A3B"]["layers"] if g["kind"] == "delta")
     assert model_cache_bytes(m["Qwen3-Next-80B-A3B"]["layers"], L, state_dtype=torch.bfloat16) == \
         2 * 2 * 256 * 12 * L * 2 + 36 * (32 * 128 * 128 + 8192 * 3) * 2
+    # the module's own count at Qwen3-Next's shapes (16 key heads, 32 value heads of 128 × 128; meta: no memory)
+    from attn_course.deltanet import GatedDeltaNet
+    with torch.device("meta"):
+        layer = GatedDeltaNet(2048, 16, 32, 128, 128).to(torch.bfloat16)
+    delta = next(g for g in m["Qwen3-Next-80B-A3B"]["layers"] if g["kind"] == "delta")
+    assert layer.conv_dim == delta["conv_channels"]
+    assert layer.state_bytes() == 32 * 128 * 128 * 4 + 8192 * 3 * 2 == 2_146_304 == \
+        model_cache_bytes([dict(delta, count=1)], L)                          # one layer, the table's count
+    assert layer.state_bytes(conv_dtype=torch.float32) == 2_195_456          # conv inputs in fp32: not the table
     assert model_cache_bytes(m["DeepSeek-V3.2"]["layers"], L) == 61 * (512 + 64 + 128) * L * 2
     assert sum(g["count"] for g in m["Gemma 3 27B"]["layers"]) == 62
