@@ -8,6 +8,7 @@ from attn_course.deltanet import gated_delta_rule_recurrent
 from attn_course.grading.exercises import get
 from attn_course.memory import model_cache_bytes, open_models
 from attn_course.sinks import sink_attention
+from attn_course.grading.selfcheck import judge_case
 from exercise_kit import assert_all_pass, assert_hint, results
 
 
@@ -89,6 +90,34 @@ def test_every_cache_case_set_covers_each_rule(seed):
     cases = get("15_cache_bytes").cases(torch.Generator().manual_seed(seed))
     kinds = {("window" in g) or g["kind"] for c in cases for g in c.params["layers"]}
     assert True in kinds and "delta" in kinds
+
+
+def _window_as_is(layers, seq_len):
+    """Caches `window` tokens even when the sequence is shorter (min(seq_len, window) forgotten the other way)."""
+    return sum(2 * 2 * g["num_kv_heads"] * g["head_dim"] * g.get("window", seq_len) * g["count"] if g["kind"] == "gqa"
+               else 2 * (g["kv_lora_rank"] + g["qk_rope_head_dim"]) * seq_len * g["count"] if g["kind"] == "mla"
+               else (4 * g["num_heads"] * g["k_head_dim"] * g["head_dim"] + 2 * g["conv_channels"] * 3) * g["count"]
+               for g in layers)
+
+
+def test_every_cache_mistake_passes_the_same_cases_on_every_draw():
+    """15.3's cases follow one plan (a delta group in cases 0 and 1, a window that caps the cache in 0 and 2, one
+    longer than the sequence in 3), so each mistake -- the learner cells' and a window used without min() -- passes
+    the same cases, hence scores the same, in check() and in the grader (held-out draws keep each case's index)."""
+    from learner_cells import CELLS
+    from attn_course.grading.selfcheck import held_out_cases, self_check_cases
+    ex = get("15_cache_bytes")
+    mistakes = []
+    for source, hint in CELLS["15_cache_bytes"][2]:
+        ns = {}
+        exec(source, ns)
+        mistakes.append((hint, ns["cache_bytes"]))
+    mistakes.append(("window used as is", _window_as_is))
+    draws = [self_check_cases(ex), held_out_cases(ex, 1), held_out_cases(ex, 2)]
+    draws += [ex.cases(torch.Generator().manual_seed(seed)) for seed in range(6)]
+    for hint, fn in mistakes:
+        passed = {tuple(judge_case(ex, ex.answer(fn, c), ex.expected(c), c).ok for c in cases) for cases in draws}
+        assert len(passed) == 1 and not all(next(iter(passed))), (hint, passed)
 
 
 def test_crossover_reference_passes_and_matches_the_table():

@@ -167,31 +167,38 @@ def _sink_judge(got, want, case):
 
 # ---- 15_cache_bytes (compute) ---------------------------------------------------------------------------------
 
-_KINDS = ("gqa", "gqa_window", "mla", "delta")
-
-
 def _describe(groups):
     return " + ".join(f"{g['kind']}" + (f"(W={g['window']})" if "window" in g else "") + f" × {g['count']}" for g in groups)
 
 
+# Every draw follows one plan, so that a mistake passes the same number of cases in check() and in the grader
+# (held_out_cases keeps each case's index): a delta group in cases 0 and 1, a window shorter than the sequence
+# (it caps the cache) in cases 0 and 2 and one longer than it (it does not) in case 3, an MLA group in cases 1
+# and 3, a full GQA layer in case 2; the two groups of a case come in either order.
+_CACHE_PLAN = (("gqa_window", "delta"), ("delta", "mla"), ("gqa_window", "gqa"), ("gqa_long_window", "mla"))
+
+
 def _cache_cases(gen):
     out = []
-    for n in range(4):
+    for kinds in _CACHE_PLAN:
+        seq_len = ([1000, 4096, 32768, 131072][randint(gen, 0, 3)] if "gqa_long_window" not in kinds else 1000) \
+            + randint(gen, 0, 999)
         groups = []
-        for kind in ([_KINDS[randint(gen, 0, 3)] for _ in range(2)] if n else ["gqa_window", "delta"]):
-            count = randint(gen, 1, 30)
-            if kind.startswith("gqa"):
-                g = {"kind": "gqa", "count": count, "num_heads": 8 * randint(gen, 1, 8), "num_kv_heads": 2 ** randint(gen, 0, 3),
+        for kind in (kinds if randint(gen, 0, 1) else kinds[::-1]):
+            count = randint(gen, 2, 30)                         # > 1: forgetting the count is always seen
+            if kind.startswith("gqa"):                          # num_heads > num_kv_heads always
+                g = {"kind": "gqa", "count": count, "num_heads": 8 * randint(gen, 2, 8), "num_kv_heads": 2 ** randint(gen, 0, 3),
                      "head_dim": 64 * randint(gen, 1, 4)}
-                if kind == "gqa_window":
-                    g["window"] = 128 * randint(gen, 1, 16)
+                if kind == "gqa_window":                        # window < seq_len
+                    g["window"] = 128 * randint(gen, 1, min(16, (seq_len - 1) // 128))
+                elif kind == "gqa_long_window":                 # window > seq_len (< 2,000 here)
+                    g["window"] = 128 * randint(gen, seq_len // 128 + 1, 16)
             elif kind == "mla":
                 g = {"kind": "mla", "count": count, "kv_lora_rank": 128 * randint(gen, 1, 4), "qk_rope_head_dim": 64}
             else:
                 g = {"kind": "delta", "count": count, "num_heads": 8 * randint(gen, 1, 4), "k_head_dim": 128,
                      "head_dim": 128, "conv_channels": 1024 * randint(gen, 2, 12), "conv_kernel": 4}
             groups.append(g)
-        seq_len = [1000, 4096, 32768, 131072][randint(gen, 0, 3)] + randint(gen, 0, 999)
         out.append(Case(f"{_describe(groups)}, "
                         f"seq_len={seq_len}", params={"layers": groups, "seq_len": seq_len}))
     return out
