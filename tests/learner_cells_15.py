@@ -97,6 +97,20 @@ def sink_attn(q, k, v, sinks, mask):
     return w @ v, w
 ''', "apply the mask")])
 
+# the delta state counted once per token (the first half of the conv-in-fp32 cell below differs only there)
+_GROWS = '''
+def cache_bytes(layers, seq_len):
+    total = 0
+    for d in layers:
+        if d["kind"] == "gqa":
+            total += 2 * 2 * d["num_kv_heads"] * d["head_dim"] * min(seq_len, d.get("window", seq_len)) * d["count"]
+        elif d["kind"] == "mla":
+            total += 2 * (d["kv_lora_rank"] + d["qk_rope_head_dim"]) * seq_len * d["count"]
+        else:
+            total += (4 * d["num_heads"] * d["k_head_dim"] * d["head_dim"] + 2 * d["conv_channels"] * 3) * seq_len * d["count"]
+    return total
+'''
+
 CELLS["15_cache_bytes"] = ("cache_bytes", '''
 def cache_bytes(layers, seq_len):
     \"\"\"Per group: bytes per layer (bf16 caches and conv inputs, fp32 delta state matrices), times the count.\"\"\"
@@ -117,18 +131,7 @@ def cache_bytes(layers, seq_len):
         else:
             total += (4 * d["num_heads"] * d["k_head_dim"] * d["head_dim"] + 2 * d["conv_channels"] * 3) * d["count"]
     return total
-''', "min(seq_len, window)"), ('''
-def cache_bytes(layers, seq_len):
-    total = 0
-    for d in layers:
-        if d["kind"] == "gqa":
-            total += 2 * 2 * d["num_kv_heads"] * d["head_dim"] * min(seq_len, d.get("window", seq_len)) * d["count"]
-        elif d["kind"] == "mla":
-            total += 2 * (d["kv_lora_rank"] + d["qk_rope_head_dim"]) * seq_len * d["count"]
-        else:
-            total += (4 * d["num_heads"] * d["k_head_dim"] * d["head_dim"] + 2 * d["conv_channels"] * 3) * seq_len * d["count"]
-    return total
-''', "does not grow with the sequence"), ('''
+''', "min(seq_len, window)"), (_GROWS, "does not grow with the sequence"), ('''
 def cache_bytes(layers, seq_len):
     \"\"\"Everything in bf16 (the lesson's table before review M15-4).\"\"\"
     total = 0
@@ -140,19 +143,9 @@ def cache_bytes(layers, seq_len):
         else:
             total += (d["num_heads"] * d["k_head_dim"] * d["head_dim"] + d["conv_channels"] * 3) * d["count"]
     return 2 * total
-''', "kept in fp32"), ('''
-def cache_bytes(layers, seq_len):
-    \"\"\"The convolution inputs counted in fp32 with the state (this exercise's rule before the audit of M15-4).\"\"\"
-    total = 0
-    for d in layers:
-        if d["kind"] == "gqa":
-            total += 2 * 2 * d["num_kv_heads"] * d["head_dim"] * min(seq_len, d.get("window", seq_len)) * d["count"]
-        elif d["kind"] == "mla":
-            total += 2 * (d["kv_lora_rank"] + d["qk_rope_head_dim"]) * seq_len * d["count"]
-        else:
-            total += 4 * (d["num_heads"] * d["k_head_dim"] * d["head_dim"] + d["conv_channels"] * 3) * d["count"]
-    return total
-''', "convolution inputs are bf16")
+''', "kept in fp32"), (_GROWS.replace('(4 * d["num_heads"] * d["k_head_dim"] * d["head_dim"] + 2 * d["conv_channels"] * 3) * seq_len',
+           '4 * (d["num_heads"] * d["k_head_dim"] * d["head_dim"] + d["conv_channels"] * 3)'),
+     "convolution inputs are bf16")
 ])
 
 _CROSS = '''
