@@ -1,4 +1,6 @@
 """fit_many trains several models as one batch; each model must end exactly where fit() alone takes it."""
+import threading
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -62,3 +64,97 @@ def test_constant_schedule_longer_run_continues_shorter_and_read_at():
     torch.testing.assert_close(torch.tensor(short.losses[1]), torch.tensor(ref), rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="schedule"):
         train(m, task, steps=3, schedule="cosine", progress=False)
+
+
+def _variant_jobs(log):
+    """Three jobs of different architectures (one a plain fit()), each building its own seeded models."""
+    from attn_course.demos.heads import LagTask, make_model, train, train_seeds
+    task = LagTask(vocab_size=8, seq_len=8, lag=2)
+
+    def seeds_job(num_kv_heads):
+        def job():
+            log.append(("build", num_kv_heads))
+            return train_seeds(task, (0, 1), steps=12, d_model=16, num_heads=4, num_kv_heads=num_kv_heads)
+        return job
+
+    def single_job():
+        log.append(("build", "fit"))
+        model = make_model(task, seed=3, d_model=16, num_heads=2)
+        return model, train(model, task, steps=12, batch_size=32, seed=3, progress=False)
+
+    return [seeds_job(4), single_job, seeds_job(1)]
+
+
+def _flat(result):
+    if isinstance(result, tuple) and isinstance(result[0], torch.nn.Module):       # (model, losses)
+        return [result[1]], [result[0]]
+    return result.losses, result.models
+
+
+def test_side_by_side_equals_one_after_another():
+    """Each job ends where it ends alone. Not compared bit for bit: a parameter whose gradient is pure
+    round-off (an unused token's embedding row) moves by Adam-normalised noise that differs between two
+    plain runs of the same job in one process (buffers at other addresses); the losses and the functions
+    the models compute are compared instead, as in test_fit_many_equals_fit_per_seed."""
+    threads = torch.get_num_threads()
+    alone_log, both_log = [], []
+    alone = [job() for job in _variant_jobs(alone_log)]
+    both = _train.side_by_side(_variant_jobs(both_log), workers=2)
+    assert torch.get_num_threads() == threads
+    assert both_log == alone_log                                    # models built in the same order
+    x = torch.randint(8, (16, 8), generator=torch.Generator().manual_seed(7))
+    for a, b in zip(alone, both):
+        (la, ma), (lb, mb) = _flat(a), _flat(b)
+        torch.testing.assert_close(torch.tensor(la), torch.tensor(lb), rtol=1e-6, atol=1e-7)
+        for m_a, m_b in zip(ma, mb):
+            with torch.no_grad():
+                torch.testing.assert_close(m_a(x), m_b(x), rtol=1e-5, atol=1e-6)
+    assert _train.side_by_side([lambda: 1, lambda: 2], workers=1) == [1, 2]
+
+
+def test_side_by_side_reports_the_failing_job_and_stops_the_others():
+    from attn_course.demos.heads import LagTask, train_seeds
+    task = LagTask(vocab_size=8, seq_len=8, lag=2)
+    started = []
+
+    def long_job():
+        started.append("long")
+        return train_seeds(task, (0,), steps=100_000, d_model=16, num_heads=2)   # stopped after the failure
+
+    def failing():
+        raise ValueError("job 1 failed")
+
+    threads = torch.get_num_threads()
+    with pytest.raises(ValueError, match="job 1 failed"):
+        _train.side_by_side([long_job, failing, lambda: started.append("never")], workers=2)
+    assert started == ["long"] and torch.get_num_threads() == threads
+
+
+def test_fit_many_math_sdpa_is_the_math_backend_and_per_thread():
+    """fit_many picks SDPA's math form with a torch-function mode, not the process-wide sdpa_kernel flags that
+    side_by_side's other threads would see: the same numbers as sdpa_kernel(MATH), and another thread's SDPA
+    call (outside the mode) still reaches the fused kernel."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 9, 8, generator=g) for _ in range(3))
+    kv = (torch.randn(2, 2, 9, 8, generator=g), torch.randn(2, 2, 9, 8, generator=g))
+    mask = torch.rand(9, 9, generator=g) > 0.3
+    with sdpa_kernel([SDPBackend.MATH]):
+        ref = [F.scaled_dot_product_attention(q, k, v, attn_mask=mask), F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3),
+               F.scaled_dot_product_attention(q, *kv, is_causal=True, enable_gqa=True)]
+    calls = []
+
+    class Counting(_train._MathSDPA):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            calls.append(func)
+            return super().__torch_function__(func, types, args, kwargs)
+
+    with Counting():
+        got = [F.scaled_dot_product_attention(q, k, v, attn_mask=mask), F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3),
+               F.scaled_dot_product_attention(q, *kv, is_causal=True, enable_gqa=True)]
+        seen = len(calls)
+        t = threading.Thread(target=lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        t.start(); t.join()
+    for r, o in zip(ref, got):
+        assert torch.equal(r, o)
+    assert seen >= 3 and len(calls) == seen           # the other thread's call did not go through the mode

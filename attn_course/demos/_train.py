@@ -6,19 +6,27 @@ model axis (``torch.func.stack_module_state``) and one ``vmap(functional_call)``
 at once, so three seeds cost about one run. Each model sees exactly the data, schedule and optimizer
 updates it would see alone under :func:`fit` with its own seed — the losses agree to round-off
 (``tests/test_train_batched.py``).
+
+:func:`side_by_side` runs independent training jobs (different architectures or schedules, each a
+:func:`fit` or :func:`fit_many` run) at the same time, one CPU core each: a 2-core laptop trains two
+variants in about the time of one, and every job's result is the one it gets run alone.
 """
 from __future__ import annotations
 
 import copy
-from typing import Callable, Mapping, NamedTuple, Sequence
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Callable, Mapping, NamedTuple, Sequence, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from .._notebook import in_kernel, saved_box
 
-__all__ = ["fit", "fit_many", "token_accuracy", "SCHEDULES", "SeedRuns"]
+__all__ = ["fit", "fit_many", "side_by_side", "token_accuracy", "SCHEDULES", "SeedRuns"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -109,13 +117,14 @@ def fit(model: nn.Module, sample: Callable[[torch.Generator], Batch], *, steps: 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = _scheduler(opt, lr, steps, schedule)
     device = next(model.parameters()).device
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    threads = _one_thread()
     model.train()
     losses = []
     bar = _Bar(steps, desc, progress)
+    _training_started()
     try:
         for step in range(1, steps + 1):
+            _stop_if_cancelled()
             x, y = sample(gen)
             loss = loss_fn(forward(model, x.to(device)), y.to(device))
             opt.zero_grad(set_to_none=True)
@@ -126,7 +135,7 @@ def fit(model: nn.Module, sample: Callable[[torch.Generator], Batch], *, steps: 
             bar.update(step, losses[-1])
     finally:
         bar.close()
-        torch.set_num_threads(threads)
+        _restore_threads(threads)
         model.eval()
     return losses
 
@@ -195,21 +204,20 @@ def fit_many(models: Sequence[nn.Module], sample: Callable[[torch.Generator], Ba
         return loss_fn(torch.func.functional_call(base, (p, b), (x,)), y)
 
     batched_loss = torch.vmap(one_loss)
-    # SDPA's fused CPU kernel has no batching rule (vmap would loop over the models); its math form does
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     opt = torch.optim.AdamW(list(params.values()), lr=max(lrs), weight_decay=0.0)
     sched = _scheduler(opt, max(lrs), steps, schedule)
     ratio = None if len(set(lrs)) == 1 else torch.tensor(lrs, device=device) / max(lrs)      # (S,)
     at_steps = dict(at_steps or {})
     gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    threads = _one_thread()
     losses: list[list[float]] = [[] for _ in models]
     bar = _Bar(steps, desc, progress)
+    _training_started()
     try:
         for step in range(1, steps + 1):
+            _stop_if_cancelled()
             xs, ys = zip(*(sample(g) for g in gens))
-            with sdpa_kernel([SDPBackend.MATH]):
+            with _MathSDPA():
                 per_model = batched_loss(params, buffers, torch.stack(xs).to(device), torch.stack(ys).to(device))
             opt.zero_grad(set_to_none=True)
             per_model.sum().backward()                  # model i's parameters get model i's gradient only
@@ -223,9 +231,31 @@ def fit_many(models: Sequence[nn.Module], sample: Callable[[torch.Generator], Ba
                 at_steps[step](models)
     finally:
         bar.close()
-        torch.set_num_threads(threads)
+        _restore_threads(threads)
     _unstack(wrapped, params, buffers)
     return losses
+
+
+class _MathSDPA(TorchFunctionMode):
+    """``F.scaled_dot_product_attention`` computed by its math form, in this thread only.
+
+    SDPA's fused CPU kernel has no batching rule (vmap would loop over the models); its math form has one.
+    ``sdpa_kernel([SDPBackend.MATH])`` would choose it too, but through process-wide flags, which
+    :func:`side_by_side`'s other threads would see (and restore under each other). A torch-function mode
+    is per thread; the results are the same to the bit (``tests/test_train_batched.py``)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            return _sdpa_math(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def _sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if attn_mask is not None and attn_mask.dtype == torch.bool:     # as SDPA does before any backend: True = attend
+        attn_mask = torch.where(attn_mask.logical_not(), float("-inf"), torch.zeros((), dtype=query.dtype))
+    return torch.ops.aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal,
+                                                             scale=scale, enable_gqa=enable_gqa)[0]
 
 
 def _unstack(wrapped: list[nn.Module], params: dict, buffers: dict) -> None:
@@ -237,3 +267,106 @@ def _unstack(wrapped: list[nn.Module], params: dict, buffers: dict) -> None:
             for name, b in w.named_buffers():
                 b.copy_(buffers[name][i])
             w.eval()
+
+
+T = TypeVar("T")
+_job = threading.local()          # .next_turn: lets the next job of side_by_side() start building its models
+_cancelled = threading.Event()    # set when the cell running side_by_side() is interrupted or a job fails
+
+
+class _Stopped(KeyboardInterrupt):
+    """A side_by_side job stopped because the cell was interrupted or another job failed."""
+
+
+def _training_started() -> None:
+    """Called by :func:`fit` and :func:`fit_many` once their models are built and their progress bar is shown."""
+    next_turn = getattr(_job, "next_turn", None)
+    if next_turn is not None:
+        _job.next_turn = None
+        next_turn.set()
+
+
+def _stop_if_cancelled() -> None:
+    if getattr(_job, "in_side_by_side", False) and _cancelled.is_set():
+        raise _Stopped("side_by_side: stopped (the cell was interrupted or another job failed)")
+
+
+def _one_thread() -> int:
+    """Train on one CPU thread; return the count to restore (side_by_side's workers leave it to side_by_side)."""
+    if getattr(_job, "in_side_by_side", False):
+        return 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    return threads
+
+
+def _restore_threads(threads: int) -> None:
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))          # what taskset / a container leaves this process
+    except AttributeError:                           # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def side_by_side(jobs: Sequence[Callable[[], T]], *, workers: int | None = None) -> list[T]:
+    """``[job() for job in jobs]``, with the jobs' training loops running at the same time, one core each.
+
+    Each job builds its models (seeding torch's global generator, as the demos do) and trains them with
+    :func:`fit` or :func:`fit_many`. The jobs *start* one after another, in order: job ``i + 1`` begins
+    only once job ``i`` has built its models and entered its training loop, so every model gets exactly
+    the initial weights, and every progress bar the place, that it gets in the plain loop. The loops then
+    run concurrently in threads (torch releases the GIL inside its kernels), every one on a single CPU
+    thread, as :func:`fit` always trains — so each result is the one ``job()`` gets run alone, the same
+    kernels in the same order (``tests/test_train_batched.py``). ``workers`` defaults to the cores this process may use
+    (``taskset``-aware), at most ``len(jobs)``; with one core, or a CUDA device present, the jobs simply
+    run one after another. A job must not seed or draw from torch's global generator after its training
+    starts. Interrupting the cell stops every job at its next step.
+    """
+    jobs = list(jobs)
+    if workers is None:
+        workers = 1 if torch.cuda.is_available() else _cores()
+    workers = min(int(workers), len(jobs))
+    if workers <= 1:
+        return [job() for job in jobs]
+    turns = [threading.Event() for _ in jobs]
+    turns[0].set()
+
+    def run(i: int):
+        turns[i].wait()
+        if _cancelled.is_set():
+            raise _Stopped("side_by_side: not started (the cell was interrupted or another job failed)")
+        _job.in_side_by_side = True
+        _job.next_turn = turns[i + 1] if i + 1 < len(jobs) else None
+        try:
+            return jobs[i]()
+        except BaseException:
+            _cancelled.set()
+            raise
+        finally:
+            _training_started()         # a job that never trained (or failed) lets the next one start
+            _job.in_side_by_side = False
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)            # before any worker starts: every worker thread then runs single-threaded
+    _cancelled.clear()
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="side_by_side")
+    futures = [pool.submit(run, i) for i in range(len(jobs))]
+    try:
+        wait(futures)
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:                      # the job that failed first, not the others it stopped
+            raise next((e for e in errors if not isinstance(e, _Stopped)), errors[0])
+        return [f.result() for f in futures]
+    except BaseException:
+        _cancelled.set()
+        for t in turns:
+            t.set()
+        raise
+    finally:
+        pool.shutdown(wait=True)
+        _cancelled.clear()
+        torch.set_num_threads(threads)
