@@ -232,3 +232,19 @@ def test_score_rounds_down_to_half_points():
     assert Exercise("y", 1, "t", "e", kind="compute").score(5, 6) == 0.5
     assert Exercise("z", 2, "t", "e", all_or_nothing=True, kind="compute").score(2, 3) == 0
     assert get("01_score_std").score(4, 4) == 1
+
+
+def test_importing_check_in_a_kernel_is_quick():
+    """An exercise notebook's first cell imports check(); in a kernel that also starts the sandbox's zygote.
+    Neither may import nbformat (its schema validator alone took ~3 s to import: every exercise notebook paid
+    it), nor the release tool."""
+    import subprocess
+    import sys
+    code = ("import sys, ipykernel, torch\n"
+            "from attn_course.grading import check\n"
+            "from attn_course.grading.selfcheck import zygote\n"
+            "zygote().close()\n"
+            "print(sorted(m for m in ('nbformat', 'jsonschema', 'attn_course.grading.release') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout

@@ -10,8 +10,10 @@ import ast
 import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import nbformat
+if TYPE_CHECKING:
+    import nbformat
 
 __all__ = ["BEGIN", "END", "read", "source_of", "grade_id", "exercise_cells", "stub_source",
            "solution_regions", "split_checks", "strip_magics", "submission_sources"]
@@ -21,7 +23,10 @@ END = "### END SOLUTION"
 STUB = 'raise NotImplementedError("Exercise {id}: your code here")'
 
 
-def read(path: str | Path) -> nbformat.NotebookNode:
+def read(path: str | Path) -> "nbformat.NotebookNode":
+    # imported here: nbformat's schema validator takes ~3 s to import (jsonschema's format checkers), which
+    # every exercise notebook would pay in its first cell (check() -> the sandbox's runner -> this module)
+    import nbformat
     return nbformat.read(str(path), as_version=4)
 
 

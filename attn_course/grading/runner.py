@@ -47,7 +47,6 @@ import torch
 
 from . import notebook as nbk
 from .exercises import registry
-from .release import find_root
 from .selfcheck import exercise_seed, held_out_cases, judge_case
 from .spec import Case, Exercise, validate
 
@@ -78,8 +77,9 @@ class Course:
     """The trusted ``solutions/`` notebooks, indexed by the exercise ids they contain."""
 
     def __init__(self, root: str | Path | None = None):
+        from .release import find_root               # here, not at import: nbformat takes seconds to import
         self.root = Path(root) if root is not None else find_root()
-        self.lessons: dict[str, nbk.nbformat.NotebookNode] = {}
+        self.lessons: dict[str, "nbformat.NotebookNode"] = {}
         self.ids: dict[str, list[str]] = {}
         reg = registry()
         for path in sorted((self.root / "solutions").glob("*.ipynb")):
