@@ -158,3 +158,19 @@ def test_fit_many_math_sdpa_is_the_math_backend_and_per_thread():
     for r, o in zip(ref, got):
         assert torch.equal(r, o)
     assert seen >= 3 and len(calls) == seen           # the other thread's call did not go through the mode
+
+
+@pytest.mark.parametrize("steps", [1, 9, 10, 11, 20])
+def test_one_cycle_schedule_any_length(steps):
+    """One-cycle warms up to the peak rate and ends near 0 for any run length (PyTorch's OneCycleLR alone
+    divides by zero at exactly 10 steps)."""
+    opt = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=1.0)
+    sched = _train._scheduler(opt, 1.0, steps, "one-cycle")
+    rates = [opt.param_groups[0]["lr"]]
+    for _ in range(steps - 1):
+        opt.step()
+        sched.step()
+        rates.append(opt.param_groups[0]["lr"])
+    assert len(rates) == steps and max(rates) <= 1.0 + 1e-9
+    if steps >= 10:                     # shorter runs: OneCycleLR's warm-up is under one step, they start at the peak
+        assert max(rates) > 0.9 and rates[-1] < 0.01 and rates[0] < 0.1

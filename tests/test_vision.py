@@ -2,6 +2,7 @@
 import matplotlib
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.testing import assert_close
 
 import attn_course
@@ -251,6 +252,18 @@ def test_glyph_features_separate_colour_and_shape():
         assert_close(f[0, 3 + s], box)                              # colour-blind: same for every colour
     blue_yellow = f[0, 2][x[0].amax(0) > 0.5]
     assert blue_yellow.max() == 1 and (blue_yellow[blue_yellow < 1] < 0).all()   # only the blue glyph is positive
+
+
+def test_front_end_pooling_equals_max_pool2d_exactly():
+    """The front end's shifted-copy pooling gives F.max_pool2d(x, 3, stride=1, padding=1)'s values bit for bit,
+    on signed maps of odd and even, square and non-square sizes, and batched under vmap as in fit_many."""
+    g = torch.Generator().manual_seed(0)
+    for shape in [(2, 4, 20, 20), (1, 3, 7, 5), (3, 1, 1, 1), (2, 2, 2, 9)]:
+        x = torch.randn(shape, generator=g)
+        assert torch.equal(demo._max_pool_3x3(x), F.max_pool2d(x, 3, stride=1, padding=1))
+    x = torch.randn(3, 2, 4, 6, 6, generator=g)
+    assert torch.equal(torch.vmap(demo._max_pool_3x3)(x),
+                       torch.stack([F.max_pool2d(t, 3, stride=1, padding=1) for t in x]))
 
 
 def test_flops_and_params_match_hand_count():

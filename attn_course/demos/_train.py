@@ -39,7 +39,9 @@ WARMUP_STEPS = 25
 
 def _scheduler(opt: torch.optim.Optimizer, lr: float, steps: int, schedule: str):
     if schedule == "one-cycle":
-        return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
+        # OneCycleLR divides by pct_start * steps - 1, zero at exactly 10 steps: warm up for 1.5 steps there
+        pct_start = 0.15 if steps == 10 else 0.1
+        return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=pct_start)
     if schedule == "constant":          # from lr/25 (OneCycle's start) linearly up to lr, then flat
         return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, 0.04 + 0.96 * s / WARMUP_STEPS))
     raise ValueError(f"schedule={schedule!r}: expected one of {SCHEDULES}")
