@@ -38,17 +38,26 @@ def test_every_registered_exercise_is_in_a_notebook():
     assert set(registry()) <= in_notebooks
 
 
-def test_solutions_get_full_marks_and_stubs_zero(tmp_path):
-    """One batch (one expensive run, also under pytest-xdist): every solutions notebook (sol_NN) gets
-    full marks, every released exercises notebook (ex_NN) gets zero, every exercise "not attempted"."""
-    subs = tmp_path
+def test_solutions_get_full_marks_and_stubs_zero(tmp_path, monkeypatch):
+    """One batch (one expensive run, also under pytest-xdist) of every released exercises notebook (ex_NN):
+    each gets zero, every exercise "not attempted". Before grading anyone, grade_batch grades the course's own
+    solutions/ notebook of every lesson in the batch (runner.calibrate, under the same options): those reports,
+    read here as they are made, must be full marks — so each solution is graded once, not again as a copy."""
+    from attn_course.grading import runner
+    made, grade = {}, runner.grade_submission
+
+    def keep(sub, course, opts):
+        made[sub.student_id, sub.path.stem] = report = grade(sub, course, opts)
+        return report
+
+    monkeypatch.setattr(runner, "grade_submission", keep)
     for stem in STEMS:
-        shutil.copy(ROOT / "solutions" / f"{stem}.ipynb", subs / f"sol_{stem}.ipynb")
-        shutil.copy(ROOT / "exercises" / f"{stem}.ipynb", subs / f"ex_{stem}.ipynb")
-    reports = grade_batch([subs], subs / "out", Options(timeout=120, jobs=2), root=ROOT, progress=False)
+        shutil.copy(ROOT / "exercises" / f"{stem}.ipynb", tmp_path / f"ex_{stem}.ipynb")
+    reports = grade_batch([tmp_path], tmp_path / "out", Options(timeout=120, jobs=2), root=ROOT, progress=False)
     graded = {r["student_id"]: r for r in reports}
+    assert len(made) == 2 * len(STEMS)                  # each solution once (calibration), each stub once
     for stem in STEMS:
-        r = graded[f"sol_{stem}"]
+        r = made["course solutions", stem]
         assert r["error"] is None and r["lesson"] == stem, (stem, r["error"])
         bad = {i: (e["notes"], e["cases"]) for i, e in r["exercises"].items() if e["points"] != e["max_points"]}
         assert not bad, (stem, bad)

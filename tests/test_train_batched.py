@@ -174,3 +174,19 @@ def test_one_cycle_schedule_any_length(steps):
     assert len(rates) == steps and max(rates) <= 1.0 + 1e-9
     if steps >= 10:                     # shorter runs: OneCycleLR's warm-up is under one step, they start at the peak
         assert max(rates) > 0.9 and rates[-1] < 0.01 and rates[0] < 0.1
+
+
+def test_seed_runs_join_equals_one_batch():
+    """Seeds (0, 1) and (2,) trained side by side and joined: the same runs, in seed order, as (0, 1, 2) in one batch."""
+    from attn_course.demos.heads import train_seeds
+    task = KeyPairTask()
+    kw = dict(steps=30, schedule="constant", read_at=(20,), d_model=16, num_heads=2, batch_size=32)
+    whole = train_seeds(task, (0, 1, 2), **kw)
+    joined = _train.SeedRuns.join(_train.side_by_side([lambda: train_seeds(task, (0, 1), **kw),
+                                                       lambda: train_seeds(task, (2,), **kw)]))
+    assert len(joined.models) == len(joined.losses) == len(joined.accuracy) == 3 and set(joined.accuracy_at) == {20}
+    torch.testing.assert_close(torch.tensor(joined.losses), torch.tensor(whole.losses), rtol=1e-4, atol=1e-5)
+    for k, got, want in [("end", joined.accuracy, whole.accuracy), (20, joined.accuracy_at[20], whole.accuracy_at[20])]:
+        assert max(abs(a - b) for a, b in zip(got, want)) < 0.02, k
+    with pytest.raises(ValueError, match="different steps"):
+        _train.SeedRuns.join([whole, whole._replace(accuracy_at={})])
