@@ -60,12 +60,14 @@ class SeedRuns(NamedTuple):
     @classmethod
     def join(cls, parts: Sequence["SeedRuns"]) -> "SeedRuns":
         """The runs of several seed lists, in order, as one ``SeedRuns`` — e.g. seeds (0, 1) and (2,) trained
-        side by side on two cores: ``SeedRuns.join(side_by_side([partial(train_seeds, ..., s) for s in ((0, 1), (2,))]))``."""
+        side by side on two cores:
+        ``SeedRuns.join(side_by_side([partial(train_seeds, task, s, ...) for s in ((0, 1), (2,))]))``."""
         steps = set(parts[0].accuracy_at) if parts else set()
         if any(set(p.accuracy_at) != steps for p in parts):
             raise ValueError("SeedRuns.join: the parts were read at different steps")
-        return cls([m for p in parts for m in p.models], [c for p in parts for c in p.losses],
-                   [a for p in parts for a in p.accuracy], {k: [a for p in parts for a in p.accuracy_at[k]] for k in sorted(steps)})
+        chain = lambda lists: [x for xs in lists for x in xs]
+        return cls(chain(p.models for p in parts), chain(p.losses for p in parts), chain(p.accuracy for p in parts),
+                   {k: chain(p.accuracy_at[k] for p in parts) for k in sorted(steps)})
 
 
 def token_accuracy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> float:
