@@ -4,7 +4,8 @@
   ``"scaled"`` softmax(QKᵀ/√E) (Vaswani et al. 2017), ``"dot"`` softmax(QKᵀ) (Luong et al. 2015),
   ``"additive"`` Bahdanau's w_vᵀ tanh(W_q q + W_k k) (:class:`attn_course.AdditiveAttention`), or
   ``"linear"`` φ(q)ᵀφ(k) / norm with φ = elu + 1 (:func:`attn_course.linear_attention`). Same data, same
-  budget, same seed; :func:`~attn_course.demos.reverse.reversal_attention` draws each map.
+  budget, same seed; :func:`train_scorings` trains one scoring's seeds together as one batch, and
+  :func:`~attn_course.demos.reverse.reversal_attention` draws each map.
 * :class:`RecallTask` — associative recall: N (key, value) pairs, then a query key; the answer is the value
   stored with that key. One attention layer solves it by putting its weight on the one matching key.
   Softmax can make that weight as sharp as it likes (exp grows without bound); linear attention's weights
@@ -25,10 +26,10 @@ from ..additive import AdditiveAttention
 from ..functional import attention
 from ..linear import linear_attention, linear_attention_weights
 from ._train import fit, token_accuracy
-from .reverse import OneLayerAttention, ReversalResult, ReversalTask, train_reversal
+from .reverse import OneLayerAttention, ReversalResult, ReversalTask, train_reversal, train_reversals
 
-__all__ = ["SCORINGS", "ScoringAttention", "train_scoring", "RecallTask", "RecallModel", "train_recall",
-           "recall_accuracy"]
+__all__ = ["SCORINGS", "ScoringAttention", "train_scoring", "train_scorings", "RecallTask", "RecallModel",
+           "train_recall", "recall_accuracy"]
 
 SCORINGS = ("scaled", "dot", "additive", "linear")
 
@@ -60,11 +61,23 @@ class ScoringAttention(OneLayerAttention):
         return out, (linear_attention_weights(q, k) if need_weights else None)
 
 
-def train_scoring(scoring: str, task: ReversalTask | None = None, *, steps: int = 150, seed: int = 0,
+def _scoring_model(scoring: str):
+    return lambda V, L, d, h: ScoringAttention(V, L, d, h, scoring=scoring)
+
+
+def train_scoring(scoring: str, task: ReversalTask | None = None, *, steps: int = 100, seed: int = 0,
                   progress: bool = False, **kw) -> tuple[ScoringAttention, ReversalResult]:
-    """Train the reversal model with one scoring function (same defaults as ``train_reversal``)."""
+    """Train the reversal model with one scoring function (``train_reversal``'s defaults, but 100 steps:
+    lesson 10's budget, long enough for every scoring to converge)."""
     return train_reversal(task, steps=steps, seed=seed, progress=progress, desc=scoring,
-                          model_cls=lambda V, L, d, h: ScoringAttention(V, L, d, h, scoring=scoring), **kw)
+                          model_cls=_scoring_model(scoring), **kw)
+
+
+def train_scorings(scoring: str, task: ReversalTask | None = None, *, seeds=(0, 1, 2), steps: int = 100,
+                   **kw) -> list[tuple[ScoringAttention, ReversalResult]]:
+    """:func:`train_scoring` for every seed, trained together as one batch (``train_reversals``: run i ends
+    where ``train_scoring(seed=seeds[i])`` takes it, to round-off)."""
+    return train_reversals(task, seeds=seeds, steps=steps, desc=scoring, model_cls=_scoring_model(scoring), **kw)
 
 
 @dataclass(frozen=True)
@@ -136,7 +149,7 @@ def recall_accuracy(model: RecallModel, task: RecallTask, *, n: int = 2048, seed
 
 
 def train_recall(kind: str, task: RecallTask | None = None, *, qk_dim: int = 8, d_model: int = 64,
-                 steps: int = 600, batch_size: int = 64, lr: float = 1e-2, seed: int = 0, progress: bool = False,
+                 steps: int = 150, batch_size: int = 64, lr: float = 2e-2, seed: int = 0, progress: bool = False,
                  device: torch.device | str | None = None) -> tuple[RecallModel, float, float]:
     """Train :class:`RecallModel` on ``device`` (default CPU); returns ``(model, held-out accuracy, seconds)``.
     Deterministic per seed on a CPU (the data are drawn on the CPU whatever the device). The per-step
