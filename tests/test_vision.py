@@ -294,10 +294,14 @@ def test_set():
 
 def test_without_attention_the_cnn_cannot_beat_the_shape_histogram(test_set):
     """Without gates the pooled vector is the shape histogram; the best any classifier can do from it is to
-    guess the most frequent shape (the target is a uniformly random one of the 6 glyphs)."""
+    guess the most frequent shape (the target is a uniformly random one of the 6 glyphs). The head starts as
+    that guess (the identity), and training does not take the plain model past it."""
     x, y, _, _ = test_set
     counts = _shape_counts(x).float()
     bayes = (counts.amax(1) / counts.sum(1)).mean().item()         # expected accuracy of the best guess
+    with torch.no_grad():
+        vote = demo.TargetFinder(attention=False)(x).argmax(-1)    # untrained
+    assert (counts.gather(1, vote[:, None])[:, 0] == counts.amax(1)).all()   # a most frequent shape, always
     plain = demo.train_target_finder(False, progress=False)
     acc = demo.accuracy(plain, x, y)
     assert 0.3 < bayes < 0.55 and bayes - 0.15 < acc < bayes + 0.05
