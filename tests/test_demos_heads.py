@@ -8,7 +8,7 @@ from torch import nn
 from attn_course.demos.heads import IGNORE, FieldEmbedding, KeyPairTask, NeighbourTask, make_model
 
 
-@pytest.mark.parametrize("K, V, L, seed", [(4, 4, 12, 0), (5, 3, 9, 1), (3, 8, 6, 2)])
+@pytest.mark.parametrize("K, V, L, seed", [(4, 4, 12, 0), (5, 3, 9, 1), (3, 8, 6, 2), (3, 4, 8, 3)])
 def test_targets_match_a_dictionary_lookup(K, V, L, seed):
     task = KeyPairTask(num_keys=K, num_values=V, seq_len=L)
     x, y = task.sample(torch.Generator().manual_seed(seed), 64)
@@ -26,6 +26,16 @@ def test_targets_match_a_dictionary_lookup(K, V, L, seed):
             else:
                 assert target == IGNORE
     assert 0 < scored < 64 * L            # some positions scored, some keys missing (skewed counts)
+
+
+def test_three_keys_score_a_sequence_all_or_nothing():
+    """Lesson 02's task (K=3): keys k+1 and k-1 are the two other keys, so a sequence is scored at every position
+    when it holds all three keys and at none when one is missing."""
+    task = KeyPairTask(num_keys=3, num_values=4, seq_len=8)
+    x, y = task.sample(torch.Generator().manual_seed(0), 256)
+    all_keys = torch.nn.functional.one_hot(x // task.num_values, 3).amax(1).all(-1)     # (B,)
+    assert torch.equal((y != IGNORE).all(-1), all_keys) and torch.equal((y == IGNORE).all(-1), ~all_keys)
+    assert 0 < int(all_keys.sum()) < 256
 
 
 def test_key_counts_vary_between_sequences():
