@@ -106,7 +106,7 @@ KINDS = {
 }
 
 # task and model sizes: SHOW is easy for every mechanism (clean heatmaps); COMPARE separates them. Lesson 07 trains
-# SHOW for 80 steps, already enough for all five KINDS (tests/test_tpa.py); lesson 12's MLA gets the full 150.
+# SHOW for 80 steps, already enough for all five KINDS (tests/test_tpa.py); lesson 12's MLA trains 80 steps too.
 SHOW = dict(n=8, vocab=10, d_model=32, num_heads=4, steps=150)
 COMPARE = dict(n=16, vocab=32, d_model=32, num_heads=8, steps=100)
 
