@@ -13,6 +13,13 @@ import torch  # noqa: E402
 
 matplotlib.use("Agg")
 
+# Under pytest-xdist (`make test`: -n 2 on a 2-core machine) every worker is a process with torch's default of one
+# thread per core: two workers then run four threads on two cores, and each small op waits for a parked thread
+# (lesson 08's "threads on a busy machine"). One core's share of threads per worker instead.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, torch.get_num_threads() // _WORKERS))
+
 
 @pytest.fixture(autouse=True)
 def _seed():
@@ -20,6 +27,16 @@ def _seed():
     yield
     import matplotlib.pyplot as plt
     plt.close("all")
+
+
+@pytest.fixture
+def three_threads():
+    """Run the test at three torch threads (restored after): a test that checks code setting one thread and
+    restoring the count can then fail, whatever the count the test run starts with."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(3)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture

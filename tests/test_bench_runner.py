@@ -23,7 +23,7 @@ def _fake_suite(log, *, fail=(), skip=()):
         skip=lambda m, row, args: "skipped here" if (m, row["L"]) in skip else None)
 
 
-def test_a_row_measures_memory_per_method_then_times_all_methods_interleaved_at_fixed_threads():
+def test_a_row_measures_memory_per_method_then_times_all_methods_interleaved_at_fixed_threads(three_threads):
     log = []
     before = torch.get_num_threads()
     cells = runner.measure_row(_fake_suite(log), {"L": 1}, ["a", "b", "c"],

@@ -76,7 +76,7 @@ def test_multi_head_variant_runs():
     assert logits.shape == (2, 8, 16) and w.shape == (2, 4, 8, 8)
 
 
-def test_training_restores_thread_count():
+def test_training_restores_thread_count(three_threads):
     n = torch.get_num_threads()
     train_reversal(progress=False, steps=2)
     assert torch.get_num_threads() == n

@@ -27,6 +27,11 @@ from attn_course.grading.selfcheck import exercise_seed, held_out_cases, held_ou
 from exercise_kit import results
 from learner_cells_16 import CELLS, FP16_KV, INT8_KV, SHORTCUTS, WINDOW_64, _ALIBI_MQA, _BIGRAM, _gqa
 
+# One torch thread in this process (conftest's one_thread, restored after each test), as the grader's sandboxed
+# children run (OMP_NUM_THREADS=1): under pytest-xdist the other worker keeps the second core busy, and two
+# intra-op threads then spin against it — the in-process training and evaluation here ran ~3× slower.
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "16_capstone_tiny_language_model"
 PARAMS, DECODE, KV, LOSS = range(4)           # the order of the four checks (one point each)
@@ -256,6 +261,23 @@ def test_not_a_module(short):
 
 # ---- the review's shortcuts score below full marks (review 2026-11-26 08-14, H14-2, M14-1, Low) ------------
 
+def _recomputes_the_whole_forward(res):
+    """test_the_cache_rule_compares_a_step_with_the_forward_per_token's claim on a recomputing step: 128×."""
+    assert "128.0× your forward's" in res[KV][1] and f"limit {lesson16.CACHE_RATIO:g}×" in res[KV][1], res
+
+
+def _window_64_drops_context(res):
+    """test_a_window_of_64_is_not_free's claim on the KV point: token 0 does not reach position 127."""
+    assert not res[KV][0] and "changing token 0 (of 128)" in res[KV][1] and "1 of the 127" in res[KV][1], res
+
+
+# what other tests assert on a shortcut's results, checked here on the same (deterministic) run: one results()
+# per shortcut in the suite, not one per test that reads it
+ALSO_ASSERTED = {"recompute, token codes": _recomputes_the_whole_forward,
+                 "recompute over a fixed float buffer": _recomputes_the_whole_forward,
+                 "MHA + window 64": _window_64_drops_context}
+
+
 @pytest.mark.parametrize("name", list(SHORTCUTS))
 def test_every_shortcut_of_the_review_scores_below_full_marks(short, name):
     """Each shortcut loses the point its rule names, with that rule's hint; the short recipe is enough, since the
@@ -266,17 +288,18 @@ def test_every_shortcut_of_the_review_scores_below_full_marks(short, name):
     assert not res[i][0] and hint in res[i][1], res
     assert res[DECODE][0], res                                   # each decodes correctly: it is not a broken model
     assert get("16_capstone").score(sum(ok for ok, _ in res), 4) < 4
+    if name in ALSO_ASSERTED:
+        ALSO_ASSERTED[name](res)
 
 
-def test_the_cache_rule_compares_a_step_with_the_forward_per_token(short):
+def test_the_cache_rule_compares_a_step_with_the_forward_per_token():
     """FLOPs (FlopCounterMode) of the step that adds token 128 over the forward's FLOPs per token on the same 128
     tokens: recomputing the prefix — growing (token codes) or in a fixed float buffer (H16-1) — does the whole
-    forward in one step, 128×; a real cache does per token what the forward does: the same projections, and
-    attention over the cached keys, which is the forward's masked attention row at the last position (by hand
-    below: 1.00× for the hand-written ALiBi + MQA attention; SDPA's fused kernel is counted in neither)."""
-    for name in ("recompute, token codes", "recompute over a fixed float buffer"):
-        res = results("16_capstone", cell(SHORTCUTS[name][0]))
-        assert "128.0× your forward's" in res[KV][1] and f"limit {lesson16.CACHE_RATIO:g}×" in res[KV][1], res
+    forward in one step, 128× (asserted on those two shortcuts' results in
+    test_every_shortcut_of_the_review_scores_below_full_marks, _recomputes_the_whole_forward); a real cache does
+    per token what the forward does: the same projections, and attention over the cached keys, which is the
+    forward's masked attention row at the last position (by hand below: 1.00× for the hand-written ALiBi + MQA
+    attention; SDPA's fused kernel is counted in neither)."""
     model = cell(_ALIBI_MQA)(128).eval()
     seq = TextData().val[:128][None]
     _, _, caches, step = lesson16._decode(model, [seq], count_last=True)
@@ -303,9 +326,9 @@ def test_a_window_of_64_is_not_free(short):
     """M14-1: MHA with a window of 64 and a 64-slot rolling cache holds 512 bytes per token at 128 tokens, but two
     windowed layers reach 2 · 63 = 126 tokens back: token 0 never reaches position 127, so its cache does not
     serve the 128-token context it is measured at (the KV point), and its forward at 128 differs from the same
-    weights without the window (the loss, measured at 128, pays for the context it drops)."""
-    res = results("16_capstone", cell(WINDOW_64))
-    assert not res[KV][0] and "changing token 0 (of 128)" in res[KV][1] and "1 of the 127" in res[KV][1]
+    weights without the window (the loss, measured at 128, pays for the context it drops). The KV point of the
+    window of 64 is asserted on its shortcut's results (test_every_shortcut_of_the_review_scores_below_full_marks,
+    _window_64_drops_context); the window of 65 here."""
     torch.manual_seed(0)
     windowed = cell(WINDOW_64)(128).eval()
     full = cell(WINDOW_64)(128).eval()
@@ -423,10 +446,19 @@ def _notebook(source: str | None, path: Path):
     nbformat.write(nb, str(path))
 
 
-def test_grade_ranks_a_class_end_to_end(tmp_path):
+def test_grade_ranks_a_class_end_to_end(tmp_path, monkeypatch):
     """The real CLI (the course's solutions graded first, then four learners in sandboxed children, the
     real recipe): grades.csv keeps its contract columns; leaderboard.csv ranks the designs within budget
-    by held-out loss and lists the others unranked; the numbers agree with independent counts."""
+    by held-out loss and lists the others unranked; the numbers agree with independent counts. The reports
+    of the course's solution (the calibration) and of the released stub (bob) get the checks that
+    tests/test_grading_notebooks.py::test_solutions_get_full_marks_and_stubs_zero makes for every other lesson."""
+    made, grade = {}, runner.grade_submission
+
+    def keep(sub, course, opts):
+        made.setdefault((sub.student_id, sub.path.stem), []).append(report := grade(sub, course, opts))
+        return report
+
+    monkeypatch.setattr(runner, "grade_submission", keep)
     subs = tmp_path / "subs"
     subs.mkdir()
     shutil.copy(ROOT / "solutions" / f"{STEM}.ipynb", subs / "alice.ipynb")      # the course's design
@@ -436,6 +468,17 @@ def test_grade_ranks_a_class_end_to_end(tmp_path):
     _notebook(solution_source().replace("# A GQA decoder", "# my own words: a GQA decoder"), subs / "erin.ipynb")
     out = tmp_path / "out"
     assert cli(["grade", str(subs), "--out", str(out), "--jobs", "2", "--timeout", "400", "--quiet"]) == 0
+    # the solution graded once (the calibration), full marks; each learner once; the stub: 0, "not attempted"
+    assert sorted(made) == sorted([("course solutions", STEM)] + [(s, s) for s in ("alice", "bob", "carol", "dave",
+                                                                                    "erin")])
+    assert all(len(v) == 1 for v in made.values()), made.keys()
+    (r,) = made["course solutions", STEM]
+    assert r["error"] is None and r["lesson"] == STEM, r["error"]
+    bad = {i: (e["notes"], e["cases"]) for i, e in r["exercises"].items() if e["points"] != e["max_points"]}
+    assert not bad and r["total"] == r["max_score"] == 4, bad
+    (r,) = made["bob", "bob"]
+    assert r["error"] is None and r["lesson"] == STEM and r["total"] == 0, r["error"]
+    assert all(e["status"] == "not attempted" for e in r["exercises"].values()), r["exercises"]
     with open(out / "grades.csv", newline="") as f:
         grades = list(csv.DictReader(f))
     assert list(grades[0]) == ["student_id", "16_capstone", "total", "max_score"]

@@ -98,27 +98,44 @@ def test_environment_installs_the_package_and_a_supported_python():
     assert _pyproject()["project"]["requires-python"] == f">={lowest}"
 
 
-def _resolve(tmp_path, python_version: str) -> subprocess.CompletedProcess:
-    reqs = tmp_path / f"requirements-{python_version}.txt"
-    reqs.write_text("\n".join(str(r) for r in _environment_pip_requirements().values()) + "\n")
-    return subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-                           "--only-binary=:all:", "--python-version", python_version, "--report",
-                           str(tmp_path / f"report-{python_version}.json"), "-r", str(reqs)],
-                          capture_output=True, text=True, timeout=900)
+def _resolve(tmp_path, *python_versions: str) -> dict[str, subprocess.CompletedProcess]:
+    """One ``pip install --dry-run`` per Python version, run at the same time (each is mostly waiting on the
+    package index): ``{version: its finished process}``."""
+    procs = {}
+    for python_version in python_versions:
+        reqs = tmp_path / f"requirements-{python_version}.txt"
+        reqs.write_text("\n".join(str(r) for r in _environment_pip_requirements().values()) + "\n")
+        procs[python_version] = subprocess.Popen(
+            [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+             "--only-binary=:all:", "--python-version", python_version, "--report",
+             str(tmp_path / f"report-{python_version}.json"), "-r", str(reqs)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    done = {}
+    try:
+        for version, proc in procs.items():
+            out, err = proc.communicate(timeout=900)
+            done[version] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return done
 
 
 def test_environment_resolves_on_the_lowest_and_highest_python_it_allows(tmp_path):
     """pip resolves environment.yml's requirements (binary wheels only, this machine's platform) for Python 3.10
     and 3.14, and fails for 3.15: the upper bound is needed. Needs the package index (as `make lab` does)."""
     import json
+    resolved = _resolve(tmp_path, "3.10", "3.14", "3.15")
     for version in ("3.10", "3.14"):
-        res = _resolve(tmp_path, version)
+        res = resolved[version]
         assert res.returncode == 0, f"Python {version}: {res.stderr[-3000:]}"
         report = json.loads((tmp_path / f"report-{version}.json").read_text())
         got = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in report["install"]}
         assert Version(got["torch"]).public == TESTED_TORCH and "jupyterlab" in got, got
         assert not set(got) & {"pytest", "nbgrader", "playwright", "transformers", "sphinx"}
-    res = _resolve(tmp_path, "3.15")
+    res = resolved["3.15"]
     assert res.returncode != 0 and "torch==2.13.0" in res.stderr, res.stderr[-2000:]
 
 

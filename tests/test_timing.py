@@ -26,7 +26,7 @@ def test_ratio_and_sentence_follow_the_measurement():
     assert "median of 5" in str(t["slow"])
 
 
-def test_threads_are_fixed_during_and_restored_after():
+def test_threads_are_fixed_during_and_restored_after(three_threads):
     before = torch.get_num_threads()
     seen = []
     timing.compare({"x": lambda: seen.append(torch.get_num_threads())}, repeats=2, threads=1)

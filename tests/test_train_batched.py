@@ -91,7 +91,7 @@ def _flat(result):
     return result.losses, result.models
 
 
-def test_side_by_side_equals_one_after_another():
+def test_side_by_side_equals_one_after_another(three_threads):
     """Each job ends where it ends alone. Not compared bit for bit: a parameter whose gradient is pure
     round-off (an unused token's embedding row) moves by Adam-normalised noise that differs between two
     plain runs of the same job in one process (buffers at other addresses); the losses and the functions
@@ -112,7 +112,7 @@ def test_side_by_side_equals_one_after_another():
     assert _train.side_by_side([lambda: 1, lambda: 2], workers=1) == [1, 2]
 
 
-def test_side_by_side_reports_the_failing_job_and_stops_the_others():
+def test_side_by_side_reports_the_failing_job_and_stops_the_others(three_threads):
     from attn_course.demos.heads import LagTask, train_seeds
     task = LagTask(vocab_size=8, seq_len=8, lag=2)
     started = []
