@@ -27,11 +27,6 @@ from attn_course.grading.selfcheck import exercise_seed, held_out_cases, held_ou
 from exercise_kit import results
 from learner_cells_16 import CELLS, FP16_KV, INT8_KV, SHORTCUTS, WINDOW_64, _ALIBI_MQA, _BIGRAM, _gqa
 
-# One torch thread in this process (conftest's one_thread, restored after each test), as the grader's sandboxed
-# children run (OMP_NUM_THREADS=1): under pytest-xdist the other worker keeps the second core busy, and two
-# intra-op threads then spin against it — the in-process training and evaluation here ran ~3× slower.
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "16_capstone_tiny_language_model"
 PARAMS, DECODE, KV, LOSS = range(4)           # the order of the four checks (one point each)

@@ -10,9 +10,6 @@ from attn_course import GatedAttention, SinkAttention, TransformerBlock, pretrai
 from attn_course.rope import apply_rope
 
 F64 = torch.float64
-# One torch thread (conftest's one_thread, restored after each test): under pytest-xdist the other worker keeps the
-# second core busy, and two intra-op threads then spin against it (the held-out evaluations ran ~3× slower).
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
