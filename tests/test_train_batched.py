@@ -130,34 +130,56 @@ def test_side_by_side_reports_the_failing_job_and_stops_the_others(three_threads
     assert started == ["long"] and torch.get_num_threads() == threads
 
 
-def test_fit_many_math_sdpa_is_the_math_backend_and_per_thread():
-    """fit_many picks SDPA's math form with a torch-function mode, not the process-wide sdpa_kernel flags that
-    side_by_side's other threads would see: the same numbers as sdpa_kernel(MATH), and another thread's SDPA
-    call (outside the mode) still reaches the fused kernel."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+@pytest.mark.parametrize("case", ["bool mask", "causal, scale", "GQA", "per-model float mask", "shared keys", "2-D"])
+def test_fit_many_sdpa_folds_the_models_into_the_batch(case):
+    """Under vmap, fit_many's torch-function mode gives each model exactly its own fused SDPA call (outputs and
+    gradients, to the bit), with no per-model loop (no fallback warning); another thread's SDPA call does not
+    go through the mode."""
+    import warnings
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 4, 9, 8, generator=g) for _ in range(3))
-    kv = (torch.randn(2, 2, 9, 8, generator=g), torch.randn(2, 2, 9, 8, generator=g))
-    mask = torch.rand(9, 9, generator=g) > 0.3
-    with sdpa_kernel([SDPBackend.MATH]):
-        ref = [F.scaled_dot_product_attention(q, k, v, attn_mask=mask), F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3),
-               F.scaled_dot_product_attention(q, *kv, is_causal=True, enable_gqa=True)]
-    calls = []
+    S = 3
+    r = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float32)
+    q, k, v = r(S, 2, 4, 9, 8), r(S, 2, 4, 11, 8), r(S, 2, 4, 11, 6)
+    mask, kw, dims = None, {}, (0, 0, 0, None)
+    if case == "bool mask":
+        mask = torch.rand(9, 11, generator=g) > 0.3
+    elif case == "causal, scale":
+        k, v, kw = r(S, 2, 4, 9, 8), r(S, 2, 4, 9, 6), dict(is_causal=True, scale=0.3)
+    elif case == "GQA":
+        k, v, kw = r(S, 2, 2, 11, 8), r(S, 2, 2, 11, 6), dict(enable_gqa=True)
+    elif case == "per-model float mask":
+        mask, dims = r(S, 4, 9, 11), (0, 0, 0, 0)
+    elif case == "shared keys":
+        k, v, dims = k[0], v[0], (0, None, None, None)
+    else:
+        q, k, v = q[:, 0, 0], k[:, 0, 0], v[:, 0, 0]
+    for t in (q, k, v):
+        t.requires_grad_(True)
 
-    class Counting(_train._MathSDPA):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            calls.append(func)
-            return super().__torch_function__(func, types, args, kwargs)
+    def one(q_, k_, v_, m_):
+        return F.scaled_dot_product_attention(q_, k_, v_, attn_mask=m_, **kw)
 
-    with Counting():
-        got = [F.scaled_dot_product_attention(q, k, v, attn_mask=mask), F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3),
-               F.scaled_dot_product_attention(q, *kv, is_causal=True, enable_gqa=True)]
-        seen = len(calls)
-        t = threading.Thread(target=lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-        t.start(); t.join()
-    for r, o in zip(ref, got):
-        assert torch.equal(r, o)
-    assert seen >= 3 and len(calls) == seen           # the other thread's call did not go through the mode
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                  # vmap's "no batching rule" warning would fail here
+        with _train._FoldedSDPA():
+            got = torch.vmap(one, in_dims=dims)(q, k, v, mask)
+            seen = []
+            t = threading.Thread(target=lambda: seen.append(torch._C._functorch.is_batchedtensor(
+                F.scaled_dot_product_attention(q[0], q[0], q[0]))))
+            t.start(); t.join()
+    grads = torch.autograd.grad(got.square().sum(), (q, k, v))
+    pick = lambda t, d, i: t if d is None else t[i]
+    for i in range(S):
+        args = [pick(t, d, i) for t, d in zip((q, k, v, mask), dims)]
+        want = one(*args)
+        if case == "2-D":                               # SDPA's math form, vmap's own batching rule: round-off
+            torch.testing.assert_close(got[i], want, rtol=0, atol=1e-6)
+        else:
+            assert torch.equal(got[i], want), case
+        want_g = torch.autograd.grad(want.square().sum(), [a for a, d in zip(args[:3], dims) if d is not None])
+        for gr, w in zip([gr for gr, d in zip(grads, dims) if d is not None], want_g):
+            torch.testing.assert_close(gr[i], w, rtol=0, atol=1e-6)
+    assert seen == [False]
 
 
 @pytest.mark.parametrize("steps", [1, 9, 10, 11, 20])

@@ -3,8 +3,9 @@
 :func:`fit` trains one model; :func:`fit_many` trains several models of one architecture (seeds, or
 variants that differ only in their weights) *together*: their parameters are stacked along a leading
 model axis (``torch.func.stack_module_state``) and one ``vmap(functional_call)`` runs every model's step
-at once. On one CPU core, three seeds of the course's small transformers cost 1.7–2.7× one seed's step (the
-lesson 04 translator and encoder–decoder, lesson 03's LagTask model: measured on the 2-core reference machine);
+at once, SDPA's fused kernel included (:class:`_FoldedSDPA`). On one CPU core, three seeds of the course's small
+transformers cost 1.4–2.4× one seed's run (lesson 04's translator and encoder–decoder, lesson 03's LagTask model,
+lesson 07's MHA: measured on a 2-core machine);
 a convolutional model gains nothing (lesson 06's target finder: 3.2×), so lesson 06 trains its seeds side by
 side instead. Each model sees exactly the data, schedule and optimizer
 updates it would see alone under :func:`fit` with its own seed — the losses agree to round-off
@@ -234,7 +235,7 @@ def fit_many(models: Sequence[nn.Module], sample: Callable[[torch.Generator], Ba
         for step in range(1, steps + 1):
             _stop_if_cancelled()
             xs, ys = zip(*(sample(g) for g in gens))
-            with _MathSDPA():
+            with _FoldedSDPA():
                 per_model = batched_loss(params, buffers, torch.stack(xs).to(device), torch.stack(ys).to(device))
             opt.zero_grad(set_to_none=True)
             per_model.sum().backward()                  # model i's parameters get model i's gradient only
@@ -253,26 +254,55 @@ def fit_many(models: Sequence[nn.Module], sample: Callable[[torch.Generator], Ba
     return losses
 
 
-class _MathSDPA(TorchFunctionMode):
-    """``F.scaled_dot_product_attention`` computed by its math form, in this thread only.
+class _FoldedSDPA(TorchFunctionMode):
+    """Under ``vmap``, ``F.scaled_dot_product_attention`` runs SDPA's fused kernel once on the models' axis folded
+    into the batch axis, in this thread only.
 
-    SDPA's fused CPU kernel has no batching rule (vmap would loop over the models); its math form has one.
-    ``sdpa_kernel([SDPBackend.MATH])`` would choose it too, but through process-wide flags, which
-    :func:`side_by_side`'s other threads would see (and restore under each other). A torch-function mode
-    is per thread; the results are the same to the bit (``tests/test_train_batched.py``)."""
+    SDPA treats every axis before the heads as batch, so ``S`` models' ``(B, H, L, E)`` inputs are one
+    ``(S·B, H, L, E)`` call; each model gets what its own call would give (the kernel is the one :func:`fit`
+    uses). Without this rule vmap has none for the fused CPU kernel and would loop over the models with a
+    warning. (Unbatched (L, E) inputs, which SDPA computes by its math form, keep vmap's own rule for it.) A
+    torch-function mode is per thread: :func:`side_by_side`'s other threads are untouched."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
-            return _sdpa_math(*args, **kwargs)
+            bound = _sdpa_args(*args, **kwargs)
+            tensors = [t for t in bound[:4] if t is not None]
+            if bound[0].dim() >= 3 and any(torch._C._functorch.is_batchedtensor(t) for t in tensors):
+                return _sdpa_folded(*bound)
         return func(*args, **kwargs)
 
 
-def _sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    if attn_mask is not None and attn_mask.dtype == torch.bool:     # as SDPA does before any backend: True = attend
-        attn_mask = torch.where(attn_mask.logical_not(), float("-inf"), torch.zeros((), dtype=query.dtype))
-    return torch.ops.aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal,
-                                                             scale=scale, enable_gqa=enable_gqa)[0]
+def _sdpa_args(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    return query, key, value, attn_mask, float(dropout_p), bool(is_causal), scale, bool(enable_gqa)
+
+
+@torch.library.custom_op("attn_course::sdpa_folded", mutates_args=(), schema="(Tensor query, Tensor key, Tensor value, "
+                         "Tensor? attn_mask, float dropout_p, bool is_causal, float? scale, bool enable_gqa) -> Tensor")
+def _sdpa_folded(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    return F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                                          enable_gqa=enable_gqa)
+
+
+@_sdpa_folded.register_fake
+def _(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    return query.new_empty((*query.shape[:-1], value.shape[-1]))
+
+
+@_sdpa_folded.register_vmap
+def _(info, in_dims, query, key, value, attn_mask, *rest):
+    """The batching rule: the models' axis S first, then folded into the first batch axis."""
+    S = info.batch_size
+    front = lambda t, d: t.expand(S, *t.shape) if d is None else t.movedim(d, 0)
+    q, k, v = (front(t, d) for t, d in zip((query, key, value), in_dims))
+    if attn_mask is not None:                   # broadcast to (S, ..., Lq, Lk) first: the folded axis has S·B rows
+        m = front(attn_mask, in_dims[3])
+        attn_mask = m.view(S, *(1,) * (q.dim() - m.dim()), *m.shape[1:]).expand(*q.shape[:-1], k.shape[-2])
+    fold = lambda t: None if t is None else t.flatten(0, 1)
+    out = F.scaled_dot_product_attention(fold(q), fold(k), fold(v), fold(attn_mask), *rest[:2], scale=rest[2],
+                                         enable_gqa=rest[3])
+    return out.unflatten(0, (S, -1)), 0
 
 
 def _unstack(wrapped: list[nn.Module], params: dict, buffers: dict) -> None:
