@@ -261,10 +261,11 @@ class _FoldedSDPA(TorchFunctionMode):
     SDPA treats every axis before the heads as batch, so ``S`` models' ``(B, H, L, E)`` inputs are one
     ``(S·B, H, L, E)`` call; each model gets what its own call would give (the kernel is the one :func:`fit`
     uses). Without this rule vmap has none for the fused CPU kernel and would loop over the models with a
-    warning. The fused kernel is not faster at every shape: three seeds of lesson 07's hard MHA (32 tokens, heads
-    of width 4) train 60 steps in 2.85 s against SDPA's math form's 3.42 s, three of lesson 02's one-head
-    KeyPairTask model (8 tokens, one head of width 32) in 1.62 s against 1.23 s (one core, best of 3). (Unbatched (L, E) inputs, which SDPA computes by its math form, keep vmap's own rule for it.) A
-    torch-function mode is per thread: :func:`side_by_side`'s other threads are untouched."""
+    warning. Unbatched ``(L, E)`` inputs, which SDPA computes by its math form, keep vmap's own rule for it.
+    The fused kernel is not faster at every shape: three seeds of lesson 07's hard MHA (32 tokens, heads of
+    width 4) train 60 steps in 2.85 s against SDPA's math form's 3.42 s, three of lesson 02's one-head
+    KeyPairTask model (8 tokens, one head of width 32) in 1.62 s against 1.23 s (one core, best of 3).
+    A torch-function mode is per thread: :func:`side_by_side`'s other threads are untouched."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
