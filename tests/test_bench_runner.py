@@ -199,3 +199,23 @@ def test_shipped_recordings_carry_their_method_and_machine(name):
                 continue
             assert len(c["times_s"]) == data["args"]["repeats"] and c["min_s"] <= c["time_s"] <= c["max_s"]
     assert all(ok for _, _, ok in suite.check(data["rows"])), suite.check(data["rows"])
+
+
+
+@pytest.mark.skipif(not runner._reset_peak_rss(), reason="needs Linux's resettable peak RSS (/proc/self/clear_refs)")
+def test_rss_rise_counts_an_allocation_the_heap_could_serve_from_memory_freed_before():
+    """In-process measurements (lesson 08's memory cell) follow bigger ones: glibc keeps freed memory
+    resident and serves later allocations from it, which measured textbook attention's two 2 MiB L×L
+    tensors at L=256 as 0 bytes after the lesson's cell had run once (a fresh process, as a kernel is).
+    The runner gives those pages back to the OS first."""
+    import subprocess
+    import sys
+    script = ("from attn_course import bench\n"
+              "for m in ('naive', 'flash', 'sdpa'):\n"
+              "    for L in (256, 512, 1024):\n"
+              "        bench.measure(m, L=L, repeats=1, device='cpu')\n"
+              "print(bench.measure('naive', L=256, repeats=1, device='cpu')['mem_bytes'])\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    small = int(r.stdout.split()[-1])
+    assert small >= 3 * 2**20, small                                        # S and P: 8 × 256² × 4 B = 2 MiB each

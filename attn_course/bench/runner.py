@@ -133,6 +133,18 @@ def _mallopt_mmap_threshold(nbytes: int) -> None:
         pass
 
 
+def _malloc_trim() -> None:
+    """glibc only: hand the heap's free pages back to the OS, so that an allocation the heap could serve
+    from memory freed earlier (still resident) touches fresh pages and shows in the RSS rise. Without it a
+    process that freed a large tensor before measures 0 bytes for a smaller one."""
+    import ctypes
+    import ctypes.util
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _reset_peak_rss() -> bool:
     """Reset the kernel's peak-RSS counter (Linux ≥ 4.0); False where that is not possible."""
     try:
@@ -163,6 +175,7 @@ def _peak_extra_bytes(fn: Callable[[], object], device) -> int:
         fn()
         torch.cuda.synchronize()
         return int(torch.cuda.max_memory_allocated() - base)
+    _malloc_trim()
     reset_ok = _reset_peak_rss()
     base = _rss_bytes()
     fn()
