@@ -120,7 +120,7 @@ def test_cli_passes_repeats_warmup_and_backend(monkeypatch, capsys):
 
 def test_main_end_to_end_measures_quadratic_memory_of_naive(tmp_path, capsys):
     """Fresh processes: naive's L×L scores and weights (2 × 8·1024² fp32 = 64 MiB) show up in RSS;
-    flash stays a few tiles."""
+    flash's extra memory is its output (8·1024·64 fp32 = 2 MiB) and a few tiles, far below one L×L matrix."""
     out = tmp_path / "bench.json"
     code = bench.main(["--lengths", "1024", "--modes", "fwd", "--causal", "no", "--methods", "naive", "flash",
                        "--repeats", "1", "--quiet", "--device", "cpu", "--json", str(out)])
@@ -131,7 +131,7 @@ def test_main_end_to_end_measures_quadratic_memory_of_naive(tmp_path, capsys):
     assert "mem_bytes" in row["naive"] and "mem_bytes" in row["flash"], row
     naive, flash = row["naive"]["mem_bytes"], row["flash"]["mem_bytes"]
     assert naive >= 60 * 2**20, naive
-    assert flash < 0.05 * naive, (flash, naive)
+    assert flash < 8 * 2**20, (flash, naive)              # measured 3.3 MiB; one L×L matrix is 32 MiB
 
 
 def test_bad_arguments_exit():
