@@ -151,6 +151,8 @@ def change_controls(page: LabPage, explorer, before: bytes, timeout: float = 30.
     attempts = []
     for i in range(explorer.locator(".widget-slider .noUi-handle").count()):
         h = explorer.locator(".widget-slider .noUi-handle").nth(i)
+        if h.evaluate("h => !!h.closest('[disabled]')"):  # greyed out (lesson 10's m until Performer is picked)
+            continue                                      # pressing keys on it would only wait out the timeout
         attempts.append((f"slider {i}", lambda h=h: (h.focus(), [h.press("ArrowRight") for _ in range(3)])))
     for i in range(explorer.locator(".widget-dropdown select").count()):
         sel = explorer.locator(".widget-dropdown select").nth(i)
