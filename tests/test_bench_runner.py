@@ -201,7 +201,6 @@ def test_shipped_recordings_carry_their_method_and_machine(name):
     assert all(ok for _, _, ok in suite.check(data["rows"])), suite.check(data["rows"])
 
 
-
 @pytest.mark.skipif(not runner._reset_peak_rss(), reason="needs Linux's resettable peak RSS (/proc/self/clear_refs)")
 def test_rss_rise_counts_an_allocation_the_heap_could_serve_from_memory_freed_before():
     """In-process measurements (lesson 08's memory cell) follow bigger ones: glibc keeps freed memory

@@ -122,27 +122,26 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _mallopt_mmap_threshold(nbytes: int) -> None:
-    """glibc only: allocations of at least ``nbytes`` get their own mmap (returned to the OS on free)."""
+def _glibc(name: str, *args) -> None:
+    """Call glibc's ``name(*args)``; nothing where there is no glibc (macOS, Windows, musl)."""
     import ctypes
     import ctypes.util
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(-3, int(nbytes))                                      # -3 = M_MMAP_THRESHOLD
+        getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)(*args)
     except (OSError, AttributeError):
         pass
+
+
+def _mallopt_mmap_threshold(nbytes: int) -> None:
+    """glibc only: allocations of at least ``nbytes`` get their own mmap (returned to the OS on free)."""
+    _glibc("mallopt", -3, int(nbytes))                                     # -3 = M_MMAP_THRESHOLD
 
 
 def _malloc_trim() -> None:
     """glibc only: hand the heap's free pages back to the OS, so that an allocation the heap could serve
     from memory freed earlier (still resident) touches fresh pages and shows in the RSS rise. Without it a
     process that freed a large tensor before measures 0 bytes for a smaller one."""
-    import ctypes
-    import ctypes.util
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    _glibc("malloc_trim", 0)
 
 
 def _reset_peak_rss() -> bool:
