@@ -7,6 +7,7 @@ import csv
 import json
 import linecache
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -309,12 +310,17 @@ def test_the_cache_rule_compares_a_step_with_the_forward_per_token():
 
 def test_correct_caches_in_other_dtypes_score_full_marks(short, monkeypatch):
     """M16-2: lesson 14's int8 KV cache (scales counted: 160 B/token) and a float16 cache (256 B/token) pass every
-    rule, through check() and the grading path alike (the bar is lowered: 5 training steps cannot reach it)."""
+    rule, through check() and the grading path alike (the bar is lowered: 5 training steps cannot reach it).
+    check()'s sandboxed child trains the recipe of the process that drew the cases (the loss case carries its
+    steps): 5 steps leave the loss far above the real recipe's ~2.2 nats/char."""
     monkeypatch.setattr(lesson16, "BAR", 10.0)
     for source, per in ((INT8_KV, 160), (FP16_KV, 256)):
         res = results("16_capstone", cell(source))
         assert all(ok for ok, _ in res) and f"{per} bytes per token" in res[KV][1], res
-        assert check("16_capstone", cell(source)).score == 4
+        r = check("16_capstone", cell(source))
+        assert r.score == 4, r
+        loss = float(re.search(r"held-out loss (\d+\.\d+)", r.cases[LOSS].message).group(1))
+        assert loss > 3.5, r.cases[LOSS]           # the child trained 5 steps, not RECIPE's 300 of its own import
 
 
 def test_a_window_of_64_is_not_free(short):

@@ -325,10 +325,10 @@ def _answer(make_model, case: Case) -> dict[str, torch.Tensor]:
     with torch.no_grad():
         _, flops = _flops(model, x)
     t0 = time.process_time()                                  # CPU seconds: what the grader's limit counts
-    fit(model, sample, steps=RECIPE["steps"], lr=RECIPE["lr"], seed=case.params["seed"], progress=False,
+    fit(model, sample, steps=case.params["steps"], lr=RECIPE["lr"], seed=case.params["seed"], progress=False,
         desc="capstone")
     seconds = time.process_time() - t0
-    yard = _yardstick_seconds(sample, case.params["seed"])
+    yard = _yardstick_seconds(sample, case.params["seed"], case.params["steps"])
     model.eval()
     with torch.no_grad():
         logits = torch.cat([model(chunk).float() for chunk in case.inputs["x"].split(32)])
@@ -360,16 +360,16 @@ class _Yardstick(nn.Module):
         return self.head(x)
 
 
-def _yardstick_seconds(sample, seed: int) -> float:
-    """CPU seconds the recipe's training of a model of the course's size takes here (:class:`_Yardstick`),
-    estimated from :data:`YARDSTICK_STEPS` steps: what "slow" means on this machine, whatever its load."""
+def _yardstick_seconds(sample, seed: int, steps: int) -> float:
+    """CPU seconds ``steps`` training steps of a model of the course's size take here (:class:`_Yardstick`),
+    estimated from at most :data:`YARDSTICK_STEPS` steps: what "slow" means on this machine, whatever its load."""
     from ...demos._train import fit
-    steps = min(YARDSTICK_STEPS, RECIPE["steps"])
+    timed = min(YARDSTICK_STEPS, steps)
     torch.manual_seed(seed)
     model = _Yardstick()
     t0 = time.process_time()
-    fit(model, sample, steps=steps, lr=RECIPE["lr"], seed=seed, progress=False, desc="yardstick")
-    return (time.process_time() - t0) * RECIPE["steps"] / steps
+    fit(model, sample, steps=timed, lr=RECIPE["lr"], seed=seed, progress=False, desc="yardstick")
+    return (time.process_time() - t0) * steps / timed
 
 
 # ---- cases, templates and the judge (in the trusted grader) ---------------------------------------------
@@ -393,7 +393,8 @@ def _cases(gen):
         Case(f"a real KV cache ≤ {KV_BUDGET} bytes per token after {KV_CONTEXT} tokens", {"a": kv, "swap": swap},
              {"what": "kv budget", "seed": seed}),
         Case(f"held-out loss < {BAR} nats/char after the course's training recipe",
-             {"train": training_codes().to(torch.uint8), "x": x, "probe": probe}, {"what": "loss", "seed": seed}),
+             {"train": training_codes().to(torch.uint8), "x": x, "probe": probe},
+             {"what": "loss", "seed": seed, "steps": RECIPE["steps"]}),     # the child trains the grader's recipe
     ]
 
 
