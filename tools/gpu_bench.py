@@ -7,6 +7,7 @@
 * ``flash_perf``   TFLOP/s of the Triton kernels and of SDPA FLASH, forward and backward, L = 1k…16k
   (16k tokens per batch, d_model 2048, as in the FlashAttention-2 paper), CUDA events via
   ``triton.testing.do_bench`` (median and 10th/90th percentiles of ≥ 20 timed runs after warm-up).
+  A run given ``--deadline-s`` stops starting new measurements past it (the rows so far are kept).
 * ``flash_sweep``  block sizes / warps / stages of the three kernels at L = 4096, d = 128, fp16.
 * ``sparse``       lesson 09's comparison: compiled FlexAttention + BlockMask, SDPA with a dense bool mask,
   SDPA ``is_causal`` (no window), the course's ``flash_attention(window=W)``: time and peak memory.
@@ -32,6 +33,13 @@ import torch
 import torch.nn.functional as F
 
 SECTIONS = ("env", "flash_check", "flash_perf", "flash_sweep", "sparse", "ring")
+
+
+DEADLINE = math.inf           # time.perf_counter() after which no new measurement starts (--deadline-s)
+
+
+def _past_deadline() -> bool:
+    return time.perf_counter() > DEADLINE
 
 
 def _write(out: Path, name: str, obj) -> None:
@@ -101,9 +109,21 @@ def flash_check() -> list[dict]:
     return rows
 
 
-def _bench(fn, rep_ms=300):
+def _bench(fn, rep_ms=300, min_runs=20):
+    """Median and 10th/90th percentiles (CUDA events, L2 flushed between runs) of at least ``min_runs`` timed
+    runs: do_bench's ``rep`` is a time budget, so it is stretched to min_runs × one run's estimated time."""
     import triton
-    q10, q50, q90 = triton.testing.do_bench(fn, warmup=50, rep=rep_ms, quantiles=[0.1, 0.5, 0.9])
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    est = start.elapsed_time(end) / 3
+    q10, q50, q90 = triton.testing.do_bench(fn, warmup=max(25, 3 * est), rep=max(rep_ms, 1.2 * min_runs * est),
+                                            quantiles=[0.1, 0.5, 0.9])
     return {"ms": q50, "p10_ms": q10, "p90_ms": q90}
 
 
@@ -130,6 +150,8 @@ def flash_perf(lengths=(1024, 2048, 4096, 8192, 16384), block_q=64, block_k=64) 
             H = 2048 // D
             for causal in (False, True):
                 for L in lengths:
+                    if _past_deadline():
+                        return rows
                     B = max(1, 16384 // L)
                     q, k, v, do = (torch.randn(B, H, L, D, device="cuda", dtype=dtype) for _ in range(4))
                     flops = 4 * B * H * L * L * D * (0.5 if causal else 1.0)
@@ -173,6 +195,8 @@ def flash_sweep(L=4096, D=128, dtype=torch.float16, causal_modes=(False,)) -> li
             for bm, bn in ((64, 64), (128, 64), (64, 128), (128, 128)):
                 for warps in (4, 8):
                     for stages in (1, 2, 3):
+                        if _past_deadline():
+                            break
                         meta = dict(IS_CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=D, PRECISION=None,
                                     num_warps=warps, num_stages=stages)
                         try:
@@ -213,12 +237,14 @@ def flash_sweep(L=4096, D=128, dtype=torch.float16, causal_modes=(False,)) -> li
 
 # ---- lesson 09: sliding windows ------------------------------------------------------------------------
 
-def sparse(lengths=(4096, 8192, 16384, 32768), W=256, H=8, D=64, dtype=torch.float16) -> list[dict]:
+def sparse(lengths=(4096, 16384, 32768), W=256, H=8, D=64, dtype=torch.float16) -> list[dict]:
     from attn_course import sparse as sp
     from attn_course.flash import flash_attention
     from attn_course.masks import sliding_window_mask
     rows = []
     for L in lengths:
+        if _past_deadline():
+            break
         q, k, v = (torch.randn(1, H, L, D, device="cuda", dtype=dtype) for _ in range(3))
         mask = sliding_window_mask(L, W, causal=True, device="cuda")
         ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -299,7 +325,12 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="gpu_out")
     p.add_argument("--sections", default=",".join(SECTIONS))
     p.add_argument("--ring-worker", action="store_true")
+    p.add_argument("--deadline-s", type=float, default=None,
+                   help="start no new measurement after this many seconds (the rows so far are written)")
     a = p.parse_args(argv)
+    global DEADLINE
+    if a.deadline_s is not None:
+        DEADLINE = time.perf_counter() + a.deadline_s
     if a.ring_worker:
         _ring_worker()
         return 0

@@ -1,7 +1,7 @@
 """Run every notebook (lessons, solutions, exercises) top to bottom on this machine, as a learner would
 (Run All), and record per-notebook wall time, errors and the device each lesson used.
 
-    python tools/gpu_notebooks.py --out DIR [--jobs 3] [--only 07,08] [--timeout 600]
+    python tools/gpu_notebooks.py --out DIR [--jobs 3] [--only 07,08] [--dirs notebooks,solutions] [--timeout 600]
 
 Writes DIR/notebooks.json (one row per notebook) and DIR/executed.tar.gz (the executed notebooks).
 Errors do not stop a notebook (allow_errors): every failing cell is recorded with its exception.
@@ -14,7 +14,7 @@ import json
 import os
 import tarfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import nbformat
@@ -56,15 +56,17 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="gpu_out")
     p.add_argument("--jobs", type=int, default=3)
     p.add_argument("--only", default="")
-    p.add_argument("--timeout", type=int, default=600)
+    p.add_argument("--timeout", type=int, default=600, help="seconds per cell")
+    p.add_argument("--dirs", default="notebooks,solutions,exercises")
     a = p.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    paths = [q for d in ("notebooks", "solutions", "exercises") for q in sorted((ROOT / d).glob("*.ipynb"))
+    paths = [q for d in a.dirs.split(",") for q in sorted((ROOT / d).glob("*.ipynb"))
              if not a.only or q.name[:2] in a.only.split(",")]
     rows = []
     with ThreadPoolExecutor(a.jobs) as pool:
-        for r in pool.map(lambda q: run(q, a.timeout), paths):
+        for fut in as_completed([pool.submit(run, q, a.timeout) for q in paths]):   # recorded as each one ends
+            r = fut.result()
             print(f"{r['notebook']}: {r['wall_s']} s, {len(r['errors'])} errors, probe {r['probe']}, fatal {r['fatal']}",
                   flush=True)
             for e in r["errors"]:
@@ -72,12 +74,13 @@ def main(argv=None) -> int:
             rows.append(r)
             (out / "notebooks.json").write_text(json.dumps([{k: v for k, v in x.items() if k != "nb"} for x in rows],
                                                            indent=1))
-    with tarfile.open(out / "executed.tar.gz", "w:gz") as tar:
-        for r in rows:
-            tmp = out / "tmp.ipynb"
-            nbformat.write(r["nb"], tmp)
-            tar.add(tmp, arcname=r["notebook"])
-            tmp.unlink()
+            with tarfile.open(out / "executed.tar.gz.part", "w:gz") as tar:    # renamed whole: a run cut off
+                for x in rows:                                                   # keeps the last complete archive
+                    tmp = out / "tmp.ipynb"
+                    nbformat.write(x["nb"], tmp)
+                    tar.add(tmp, arcname=x["notebook"])
+                    tmp.unlink()
+            os.replace(out / "executed.tar.gz.part", out / "executed.tar.gz")
     bad = [r["notebook"] for r in rows if r["errors"] or r["fatal"]]
     print(f"{len(rows)} notebooks, {len(bad)} with errors: {bad}")
     return 0
