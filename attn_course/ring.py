@@ -199,11 +199,11 @@ def _all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group) -> to
     """Split ``x`` into P pieces along ``scatter_dim``, send piece j to rank j, concatenate what arrives
     along ``gather_dim`` (in rank order)."""
     rank, world = _group_info(group)
-    ins = [t.contiguous() for t in x.chunk(world, dim=scatter_dim)]
-    outs = [torch.empty_like(ins[0]) for _ in range(world)]
-    dist.all_to_all(outs, ins, group=group)
-    _STATS["bytes_sent"] += sum(t.numel() * t.element_size() for j, t in enumerate(ins) if j != rank)
-    return torch.cat(outs, dim=gather_dim)
+    ins = torch.stack(x.chunk(world, dim=scatter_dim))              # (P, piece): piece j goes to rank j
+    outs = torch.empty_like(ins)
+    dist.all_to_all_single(outs, ins, group=group)                 # torch 2.11's gloo has only this form
+    _STATS["bytes_sent"] += ins[0].numel() * ins.element_size() * (world - 1)
+    return torch.cat(outs.unbind(0), dim=gather_dim)
 
 
 class _AllToAll(torch.autograd.Function):
