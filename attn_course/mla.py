@@ -249,6 +249,7 @@ class MultiHeadLatentAttention(nn.Module):
         else:
             kv = rearrange(self.kv_b_proj(c_kv), "b s (h e) -> b h s e", h=H)              # Eqs. (10), (11)
             k_nope, v = kv.split((self.qk_nope_head_dim, self.v_head_dim), dim=-1)         # (B, H, S, ·)
+            v = v.contiguous()   # a view d_nope elements in: CUDA SDPA can read it misaligned (pytorch#183484)
             q = torch.cat((q_nope, q_rope), dim=-1)                                       # Eq. (16)
             k = torch.cat((k_nope, k_rope[:, None].expand(-1, H, -1, -1)), dim=-1)        # Eq. (17)
         if need_weights:   # Eq. (18) explicitly

@@ -433,3 +433,24 @@ def _hf_forward(hf, theirs, cfg):
     with torch.no_grad():
         want, w_want = theirs(x, position_embeddings=(cos, sin), attention_mask=causal)
     return x, want, w_want
+
+
+@pytest.mark.parametrize("absorb", [False, True])
+def test_sdpa_gets_16_byte_aligned_inputs(monkeypatch, absorb):
+    """On CUDA, SDPA's memory-efficient kernel (torch 2.11) picks a vectorised variant from the strides without
+    checking the data pointers, and a view that starts mid-row crashes it with "misaligned address" (pytorch
+    #183484; lesson 12 crashed so on an H200 when v was the split-off tail of the up-projection). So every
+    q, k, v MLA hands to SDPA must start on a 16-byte boundary — checkable on a CPU."""
+    import attn_course.mla as mla_mod
+    seen = []
+    real = mla_mod.F.scaled_dot_product_attention
+
+    def spy(q, k, v, *a, **kw):
+        seen.append({n: t.data_ptr() % 16 for n, t in (("q", q), ("k", k), ("v", v))})
+        return real(q, k, v, *a, **kw)
+    monkeypatch.setattr(mla_mod.F, "scaled_dot_product_attention", spy)
+    torch.manual_seed(0)
+    # lesson 12's hard task: 8 heads of width 4, d_R = 2, so d_nope = 2 and v starts 2 floats into each row
+    m = MultiHeadLatentAttention(32, 8, kv_lora_rank=8, qk_nope_head_dim=2, qk_rope_head_dim=2, v_head_dim=4)
+    m(torch.randn(3, 5, 32), is_causal=True, absorb=absorb)
+    assert seen and all(off == 0 for call in seen for off in call.values()), seen
