@@ -8,6 +8,7 @@
 * :mod:`.linear` — linear attention vs SDPA vs naive (lesson 10);
 * :mod:`.flash` — the FlashAttention forward against SDPA, one tuning step at a time (lesson 08);
 * :mod:`.notebooks` — every notebook executed headless, its wall time recorded with the machine;
+* :mod:`.gpu` — the course's GPU run (``tools/gpu_bench.py``) as recorded on an H200 (lessons 08 and 09);
 * :mod:`.cli` — the command line: ``attn-course bench [--suite attention|sparse|linear|flash|notebooks|all] ...``.
 
 The names lessons use live here, as before the package: :func:`time_call`, :func:`median_time`,
