@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One GPU session's checks, in one call on a lent CUDA machine (run from the repository root):
 #
-#     tools/gpu_session.sh OUT_DIR
+#     [NOTEBOOKS=04,12] [SWEEP=64:1] tools/gpu_session.sh OUT_DIR
+#
+# NOTEBOOKS: only these lessons/solutions (default: all); SWEEP: head dim and causal of the sweep (default 128:0).
 #
 # 1. lesson 08's Triton kernels against SDPA's FLASH backend (correctness, TFLOP/s), lesson 09's sliding
 #    window and lesson 13's NCCL ring (tools/gpu_bench.py, at most ~4 min);
@@ -29,7 +31,7 @@ B="$OUT/bench.d"
 date -u +%T; timeout 230 python3 tools/gpu_bench.py --out "$B" --deadline-s 180 \
   --sections env,flash_check,flash_perf,sparse,ring
 date -u +%T; OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 timeout 230 python3 tools/gpu_notebooks.py --out "$OUT" \
-  --jobs 8 --timeout 200 --dirs notebooks,solutions
-pkill -f ipykernel_launcher; date -u +%T; timeout 70 python3 tools/gpu_bench.py --out "$B" --deadline-s 45 --sections flash_sweep
+  --jobs 8 --timeout 200 --dirs notebooks,solutions --only "${NOTEBOOKS:-}"
+pkill -f ipykernel_launcher; date -u +%T; timeout 70 python3 tools/gpu_bench.py --out "$B" --deadline-s 45 --sections flash_sweep --sweep "${SWEEP:-}"
 date -u +%T; tar -czf "$OUT/bench.tar.gz" -C "$B" . && rm -rf "$B"
 ls -la "$OUT"
