@@ -41,6 +41,16 @@ SCHEDULES = ("one-cycle", "constant")
 WARMUP_STEPS = 25
 
 
+def _adamw(params, lr: float) -> torch.optim.AdamW:
+    """AdamW without weight decay, as every lesson trains. Fused (one kernel per step instead of a Python loop of
+    small ops per parameter) where torch has that kernel for the device: the same update to round-off, and
+    15-30 % less time per step for the lessons' tiny models on a CPU (measured: a 300-step TinyLM 7.7 -> 6.5 s,
+    three batched seeds 6.1 -> 4.2 s)."""
+    params = list(params)
+    fused = all(p.device.type in ("cpu", "cuda") for p in params) or None
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=fused)
+
+
 def _scheduler(opt: torch.optim.Optimizer, lr: float, steps: int, schedule: str):
     if schedule == "one-cycle":
         # OneCycleLR divides by pct_start * steps - 1, zero at exactly 10 steps: warm up for 1.5 steps there
@@ -132,7 +142,7 @@ def fit(model: nn.Module, sample: Callable[[torch.Generator], Batch], *, steps: 
     gen = torch.Generator().manual_seed(seed)
     loss_fn = loss_fn or (lambda logits, y: F.cross_entropy(logits.flatten(0, -2), y.flatten()))
     forward = forward or (lambda m, x: m(x))
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    opt = _adamw(model.parameters(), lr)
     sched = _scheduler(opt, lr, steps, schedule)
     device = next(model.parameters()).device
     threads = _one_thread()
@@ -222,7 +232,7 @@ def fit_many(models: Sequence[nn.Module], sample: Callable[[torch.Generator], Ba
         return loss_fn(torch.func.functional_call(base, (p, b), (x,)), y)
 
     batched_loss = torch.vmap(one_loss)
-    opt = torch.optim.AdamW(list(params.values()), lr=max(lrs), weight_decay=0.0)
+    opt = _adamw(params.values(), max(lrs))
     sched = _scheduler(opt, max(lrs), steps, schedule)
     ratio = None if len(set(lrs)) == 1 else torch.tensor(lrs, device=device) / max(lrs)      # (S,)
     at_steps = dict(at_steps or {})
