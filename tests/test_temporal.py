@@ -230,14 +230,14 @@ def test_period_model_needs_and_uses_the_time():
             a, b = q @ tbar, k @ tbar
             assert (a > 0).all() or (a < 0).all()
             assert int(b.argmax() if (a > 0).all() else b.argmin()) == col
-    # the authors' batch-wide norm: evaluated in a big batch, the same model loses its answers
-    tokens, period, label = demo.sample_batch(torch.Generator().manual_seed(3), 256)
+    # the authors' batch-wide norm: evaluated in a big batch (the lesson's 512), the same model loses its answers
+    tokens, period, label = demo.sample_batch(torch.Generator().manual_seed(3), 512)
     with torch.no_grad():
         x, t = model.emb(tokens), model.time_emb(period)[:, None, :]
         wb = demo.batchwide_norm_weights(model.attn, x, t)
         y = (wb @ split_heads(model.attn.v_proj(x), 1))[:, 0]
         acc_batchwide = (model.head(model.attn.out_proj(y)).mean(1).argmax(-1) == label).float().mean()
-    assert acc_batchwide < 0.8
+    assert acc_batchwide < demo.accuracy(model, 1000) - 0.2          # the lesson's claim: 20 points lower
 
 
 def test_batchwide_norm_reproduction():
