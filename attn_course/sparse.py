@@ -222,11 +222,13 @@ def block_mask_bytes(bm) -> int:
 
 def alibi(num_heads: int, *, device=None):
     """ALiBi (Press et al. 2022): ``score − m_h·(i − j)`` with the slopes of
-    :func:`attn_course.positions.alibi_slopes` (the bias of :func:`~attn_course.positions.alibi_bias`)."""
+    :func:`attn_course.positions.alibi_slopes` (the bias of :func:`~attn_course.positions.alibi_bias`).
+    ``device``: where the slopes live; without it they follow the scores to their device at the first call."""
     slopes = alibi_slopes(num_heads).to(device)
 
     def score_mod(score, b, h, q_idx, kv_idx):
-        return score - slopes[h] * (q_idx - kv_idx)
+        m = slopes if slopes.device == h.device else slopes.to(h.device)   # CPU slopes, GPU head index
+        return score - m[h] * (q_idx - kv_idx)
     return score_mod
 
 
