@@ -198,7 +198,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_caus
 def _all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group) -> torch.Tensor:
     """Split ``x`` into P pieces along ``scatter_dim``, send piece j to rank j, concatenate what arrives
     along ``gather_dim`` (in rank order)."""
-    rank, world = _group_info(group)
+    _, world = _group_info(group)
     ins = torch.stack(x.chunk(world, dim=scatter_dim))              # (P, piece): piece j goes to rank j
     outs = torch.empty_like(ins)
     dist.all_to_all_single(outs, ins, group=group)                 # torch 2.11's gloo has only this form
