@@ -55,3 +55,16 @@ def test_combine_reads_a_run_folder(tmp_path):
         (tmp_path / f"{name}.json").write_text(json.dumps({"section": name, "seconds": 1.5, "result": {"x": name}}))
     assert gpu.combine(tmp_path) == {"env": {"seconds": 1.5, "result": {"x": "env"}},
                                      "ring": {"seconds": 1.5, "result": {"x": "ring"}}}
+
+
+def test_summary_spread_and_ties_follow_the_percentiles():
+    rows = REC["flash_perf"]["result"]
+    s = gpu.flash_summary(rows)
+    widest = max((m[ph]["p90_ms"] - m[ph]["p10_ms"]) / m[ph]["ms"]
+                 for r in rows for m in (r["triton"], r["sdpa_flash"]) for ph in ("fwd", "bwd"))
+    assert s["spread"] == pytest.approx(widest)
+    for r in rows:   # a tie: neither forward's 10th percentile lies beyond the other's 90th
+        t, f = r["triton"]["fwd"], r["sdpa_flash"]["fwd"]
+        tied = not (t["p90_ms"] < f["p10_ms"] or f["p90_ms"] < t["p10_ms"])
+        assert (r in s["fwd_ties"]) == tied
+    assert all(0.95 < r["fwd_ratio"] < 1.05 for r in s["fwd_ties"])      # ties sit where the medians agree

@@ -44,8 +44,15 @@ def flash_table(rows: list[dict], L: int) -> str:
 
 
 def flash_summary(rows: list[dict]) -> dict:
-    """Lowest and highest Triton/FLASH TFLOP/s ratio over every row, forward and backward, and the lengths."""
+    """Lowest and highest Triton/FLASH TFLOP/s ratio over every row, forward and backward, and the lengths;
+    ``spread``: the widest 10th–90th percentile range of any timing, relative to its median; ``fwd_ties``: the
+    rows whose two forward timings' 10th–90th percentile ranges overlap (neither is faster beyond the noise)."""
+    def overlap(a, b):
+        return a["p10_ms"] <= b["p90_ms"] and b["p10_ms"] <= a["p90_ms"]
+    timings = [r[impl][ph] for r in rows for impl in ("triton", "sdpa_flash") for ph in ("fwd", "bwd")]
     return {"lengths": sorted({r["L"] for r in rows}),
             "fwd": (min(r["fwd_ratio"] for r in rows), max(r["fwd_ratio"] for r in rows)),
             "bwd": (min(r["bwd_ratio"] for r in rows), max(r["bwd_ratio"] for r in rows)),
-            "rows": len(rows)}
+            "rows": len(rows),
+            "spread": max((t["p90_ms"] - t["p10_ms"]) / t["ms"] for t in timings),
+            "fwd_ties": [r for r in rows if overlap(r["triton"]["fwd"], r["sdpa_flash"]["fwd"])]}
