@@ -5,7 +5,10 @@ pictures, not text reprs; Run All finishes without an error or a stderr output; 
 explorer renders as controls with uncut labels; changing a control changes the figure's pixels; its
 exercise link opens the exercise notebook; the browser console stays clean and nothing is fetched
 from the internet. One exercise notebook shows ``check()``'s ✗ then ✓ feedback. Screenshots of every
-explorer land in the artifacts folder; the time from Run All to the first rendered figure is printed.
+explorer land in the artifacts folder, and each lesson's line (Run All's time, the time to the first rendered
+figure, what each explorer's control changed) in ``<lesson>-run-all.txt`` there; ``-n 0 -s`` also prints it.
+``make test-browser`` runs two lessons at a time (pytest-xdist; one JupyterLab and one Chromium per worker),
+so on two cores each Run All's time includes the other lesson's load.
 """
 from __future__ import annotations
 
@@ -224,9 +227,11 @@ def test_lesson_in_jupyterlab(lesson, lab, browser, artifacts, capsys):
 
         assert page.console == [], f"browser console errors: {page.console[:5]}"
         assert page.external == [], f"requests to the internet: {page.external}"
+        line = (f"{stem}: Run All {took:.1f} s, first figure after {'-' if first is None else f'{first:.1f} s'}, "
+                f"{n} explorer(s): {'; '.join(report)}")
+        (artifacts / f"{stem}-run-all.txt").write_text(line + "\n")
         with capsys.disabled():
-            print(f"\n  {stem}: Run All {took:.1f} s, first figure after "
-                  f"{'-' if first is None else f'{first:.1f} s'}, {n} explorer(s): {'; '.join(report)}", end="")
+            print(f"\n  {line}", end="")
     finally:
         page.shutdown()
 
