@@ -64,3 +64,34 @@ def test_taskset_one_core_pins_the_kernel_and_restores_the_affinity(tmp_path):
     assert os.sched_getaffinity(0) == before
     assert record["machine"]["threads"] == 1 and record["args"]["taskset_one_core"] is True
     assert "error" not in record["rows"][0], record["rows"][0]
+
+
+def test_rounds_run_interleaved_and_record_each_run_and_the_median(tmp_path, capsys):
+    a = _notebook(tmp_path / "notebooks" / "01_a.ipynb", "import time", "time.sleep(0.3)")
+    b = _notebook(tmp_path / "notebooks" / "02_b.ipynb", "1 + 1")
+    seen = []
+    record = notebooks.run_notebooks([a, b], root=tmp_path, rounds=3, progress=seen.append, path=tmp_path / "t.json")
+    assert seen == [f"notebooks: {n} (round {k} of 3)" for k in (1, 2, 3)
+                    for n in ("notebooks/01_a.ipynb", "notebooks/02_b.ipynb")]          # round-major: interleaved
+    assert record["args"]["rounds"] == 3
+    saved = json.loads((tmp_path / "t.json").read_text())["rows"]
+    for row in (record["rows"], saved):
+        ra, rb = row
+        walls = sorted(r["wall_s"] for r in ra["rounds"])
+        assert len(ra["rounds"]) == len(rb["rounds"]) == 3 and ra["wall_s"] == walls[1] >= 0.3   # the median
+        assert ra["cells"] == 2 and "error" not in ra and all("load_avg_before" in r for r in ra["rounds"])
+    text = notebooks.format_notebooks(record["rows"])
+    assert f"| notebooks/01_a.ipynb | {walls[1]:.1f} ({walls[0]:.1f}–{walls[2]:.1f}) |" in text
+    with pytest.raises(ValueError, match="rounds must be a positive integer, got 0"):
+        notebooks.run_notebooks([a], root=tmp_path, rounds=0)
+    with pytest.raises(SystemExit, match="--rounds must be at least 1, got 0"):
+        cli.main(["bench", "--suite", "notebooks", "--root", str(tmp_path), "--rounds", "0", "--quiet"])
+
+
+def test_a_round_that_fails_marks_the_row(tmp_path):
+    nb = _notebook(tmp_path / "notebooks" / "01_flaky.ipynb", "import pathlib",
+                   "p = pathlib.Path('seen')\nfirst = not p.exists()\np.touch()\nassert first, 'second run'")
+    (row,) = notebooks.run_notebooks([nb], root=tmp_path, rounds=2)["rows"]
+    assert "error" not in row["rounds"][0] and "second run" in row["rounds"][1]["error"]
+    assert "second run" in row["error"]
+    assert [ok for _, _, ok in notebooks.check_notebooks([row])][:2] == [False, False]   # the lessons' targets

@@ -20,7 +20,8 @@ Benchmarks of the course, one runner for three suites:
   linear     linear attention vs SDPA vs textbook softmax attention, forward (lesson 10)
   flash      the FlashAttention forward vs SDPA, one tuning step at a time (lesson 08; not in `all`)
   notebooks  every notebook executed headless (nbclient), its wall time recorded with the machine (not in `all`;
-             `--taskset-one-core` pins it to one core, as `taskset -c 0 attn-course bench --suite notebooks`)
+             `--rounds N`: N interleaved rounds and their median; `--taskset-one-core` pins it to one core,
+             as `taskset -c 0 attn-course bench --suite notebooks`)
 
 Method: each row (e.g. one L) in a fresh process; per method a first call, then the peak extra memory of one
 call (CPU: RSS rise; CUDA: allocator peak); then all methods of the row timed together in --repeats
@@ -108,6 +109,8 @@ def parser() -> argparse.ArgumentParser:
                    help="notebooks to run (default: every notebooks/ and exercises/ notebook under --root)")
     n.add_argument("--solutions", action="store_true", help="also run solutions/")
     n.add_argument("--root", default=None, help="the course checkout (default: the current folder)")
+    n.add_argument("--rounds", type=int, default=1, help="run the notebooks this many times, interleaved; each "
+                   "row records every round and their median (default: 1)")
     n.add_argument("--taskset-one-core", action="store_true",
                    help="pin the run and its kernels to one core (records notebook_times_one_core.json)")
     p.add_argument("--worker", help=argparse.SUPPRESS)

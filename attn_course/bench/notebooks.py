@@ -8,6 +8,11 @@ included, and separately), the cells, and the load average before and after; the
 average). The recording is saved after every notebook to ``attn_course/data/notebook_times.json``
 (``--taskset-one-core``: ``notebook_times_one_core.json``; ``--json PATH`` elsewhere); a table is printed.
 
+``--rounds N`` runs the whole list N times, interleaved (every notebook once, then again), so that a
+slow minute of a shared machine falls on one round of each notebook, not on every round of one: a row then
+records each round (``rounds``: wall and kernel-start times, loads) and its ``wall_s`` is their median, as the
+other suites report medians of interleaved repeats.
+
 ``--taskset-one-core`` pins the run and every kernel it starts to CPU 0 (``os.sched_setaffinity``, inherited
 by the kernels: the same as ``taskset -c 0 attn-course bench --suite notebooks``), which stands in for a
 slower machine: torch then uses one thread. ``--check`` compares with the course's bars: a lesson
@@ -72,12 +77,16 @@ def run_notebook(path: str | Path, *, timeout: float = 600.0, kernel_name: str =
 
 
 def run_notebooks(paths, *, root: str | Path, timeout: float = 600.0, one_core: bool = False,
-                  path: str | Path | None = None, progress=None) -> dict:
-    """Time every notebook of ``paths`` (one after the other), recording after each one to ``path``.
-    Returns the recording: ``{"format", "suite": "notebooks", "args", "machine", "rows"}``; a row's
-    ``notebook`` is relative to ``root``."""
+                  path: str | Path | None = None, progress=None, rounds: int = 1) -> dict:
+    """Time every notebook of ``paths`` (one after the other; ``rounds`` times, interleaved), recording after
+    each run to ``path``. Returns the recording: ``{"format", "suite": "notebooks", "args", "machine", "rows"}``;
+    a row's ``notebook`` is relative to ``root``; with ``rounds`` > 1 its ``rounds`` list each run and its
+    ``wall_s`` and ``kernel_start_s`` are their medians."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
     with _pinned(one_core):
-        return _run(paths, root=root, timeout=timeout, one_core=one_core, path=path, progress=progress)
+        return _run(paths, root=root, timeout=timeout, one_core=one_core, path=path, progress=progress,
+                    rounds=rounds)
 
 
 @contextlib.contextmanager
@@ -95,33 +104,59 @@ def _pinned(one_core: bool):
         os.sched_setaffinity(0, old)
 
 
-def _run(paths, *, root, timeout, one_core, path, progress) -> dict:
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return round((xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2, 3)
+
+
+def _row(name: str, runs: list[dict]) -> dict:
+    """One notebook's row: its run as is (one round), or each run under ``rounds`` with median times."""
+    if len(runs) == 1:
+        return {"notebook": name, **runs[0]}
+    row = {"notebook": name, "cells": runs[0]["cells"], "wall_s": _median([r["wall_s"] for r in runs]),
+           "kernel_start_s": _median([r.get("kernel_start_s", r["wall_s"]) for r in runs]),
+           "load_avg_before": runs[0]["load_avg_before"], "load_avg_after": runs[-1]["load_avg_after"],
+           "rounds": [{k: v for k, v in r.items() if k != "cells"} for r in runs]}
+    errors = [r["error"] for r in runs if "error" in r]
+    return row | ({"error": errors[0]} if errors else {})
+
+
+def _run(paths, *, root, timeout, one_core, path, progress, rounds=1) -> dict:
     from .runner import machine_info, save_record
     machine = machine_info("cpu", None)
     machine["threads"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     machine["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS")
-    args = {"timeout": timeout, "taskset_one_core": one_core, "kernel": "python3", "executor": "nbclient"}
-    rows = []
-    for nb in map(Path, paths):
-        name = nb.resolve().relative_to(Path(root).resolve()).as_posix() if nb.resolve().is_relative_to(
-            Path(root).resolve()) else str(nb)
-        if progress:
-            progress(f"notebooks: {name}")
-        rows.append({"notebook": name, **run_notebook(nb, timeout=timeout)})
-        machine["load_avg_end"] = rows[-1]["load_avg_after"]
-        if path is not None:
-            save_record(path, "notebooks", args, machine, rows)
-    return {"format": 2, "suite": "notebooks", "args": args, "machine": machine, "rows": rows}
+    args = {"timeout": timeout, "taskset_one_core": one_core, "kernel": "python3", "executor": "nbclient",
+            "rounds": rounds}
+    root = Path(root).resolve()
+    names = [nb.resolve().relative_to(root).as_posix() if nb.resolve().is_relative_to(root) else str(nb)
+             for nb in map(Path, paths)]
+    runs: dict[str, list[dict]] = {}
+    for k in range(rounds):
+        for nb, name in zip(map(Path, paths), names):
+            if progress:
+                progress(f"notebooks: {name}" + (f" (round {k + 1} of {rounds})" if rounds > 1 else ""))
+            runs.setdefault(name, []).append(run_notebook(nb, timeout=timeout))
+            machine["load_avg_end"] = runs[name][-1]["load_avg_after"]
+            if path is not None:
+                save_record(path, "notebooks", args, machine, [_row(n, r) for n, r in runs.items()])
+    return {"format": 2, "suite": "notebooks", "args": args, "machine": machine,
+            "rows": [_row(n, r) for n, r in runs.items()]}
 
 
 def format_notebooks(rows: list[dict]) -> str:
-    """Markdown: notebook, wall seconds, kernel start, code cells, load average before → after, status."""
+    """Markdown: notebook, wall seconds (the median and range over rounds, when there were several), kernel
+    start, code cells, load average before → after, status."""
     def load(x):
         return "—" if not x else f"{x[0]:.1f}"
+
+    def wall(r):
+        walls = [x["wall_s"] for x in r.get("rounds", ())]
+        return f"{r['wall_s']:.1f}" + (f" ({min(walls):.1f}–{max(walls):.1f})" if walls else "")
     lines = ["| notebook | wall s | kernel start s | code cells | load before → after | status |",
              "|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['notebook']} | {r['wall_s']:.1f} | {r.get('kernel_start_s', float('nan')):.1f} | "
+        lines.append(f"| {r['notebook']} | {wall(r)} | {r.get('kernel_start_s', float('nan')):.1f} | "
                      f"{r['cells']} | {load(r.get('load_avg_before'))} → {load(r.get('load_avg_after'))} | "
                      f"{r.get('error', 'ok')} |")
     total = sum(r["wall_s"] for r in rows)
@@ -146,6 +181,8 @@ def main(ns) -> int:
         import nbclient  # noqa: F401
     except ImportError:
         raise SystemExit("attn-course bench --suite notebooks needs nbclient: pip install -e '.[dev]'") from None
+    if ns.rounds < 1:
+        raise SystemExit(f"attn-course bench --suite notebooks: --rounds must be at least 1, got {ns.rounds}")
     root = Path(ns.root or ".")
     paths = [Path(p) for p in ns.notebooks] if ns.notebooks else find_notebooks(root, solutions=ns.solutions)
     if not paths:
@@ -155,10 +192,11 @@ def main(ns) -> int:
     progress = None if ns.quiet else (lambda msg: print(f"running {msg}", file=sys.stderr, flush=True))
     timeout = ns.timeout or 600.0
     record = run_notebooks(paths, root=root, timeout=timeout, one_core=ns.taskset_one_core, path=out,
-                           progress=progress)
+                           progress=progress, rounds=ns.rounds)
     from .runner import describe_machine
     print(f"[notebooks] executed headless with nbclient, one fresh kernel each"
-          f"{', pinned to one core' if ns.taskset_one_core else ''}; recorded in {out}")
+          f"{', pinned to one core' if ns.taskset_one_core else ''}"
+          f"{f'; {ns.rounds} interleaved rounds, the median (lowest–highest)' if ns.rounds > 1 else ''}; recorded in {out}")
     print(f"machine: {describe_machine(record['machine'])}\n")
     print(format_notebooks(record["rows"]))
     failed = any("error" in r for r in record["rows"])
