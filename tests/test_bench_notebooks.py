@@ -33,6 +33,7 @@ def test_runs_notebooks_headless_and_records_times_with_the_machine(tmp_path, ca
     lesson, exercise = data["rows"]
     assert lesson["notebook"] == "notebooks/01_small.ipynb" and "error" not in lesson
     assert lesson["cells"] == 3 and lesson["wall_s"] >= 0.5 + lesson["kernel_start_s"] > 0.5
+    assert lesson["shutdown_s"] > 0 and exercise["shutdown_s"] > 0          # recorded apart from the wall time
     assert len(lesson["load_avg_before"]) == 3 and len(lesson["load_avg_after"]) == 3
     assert exercise["notebook"] == "exercises/01_small.ipynb" and "a learner stub" in exercise["error"]
     text = capsys.readouterr().out

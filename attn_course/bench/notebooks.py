@@ -2,8 +2,9 @@
 
 Every notebook (default: ``notebooks/`` and ``exercises/`` of the checkout; ``--solutions`` adds
 ``solutions/``) is executed headless with ``nbclient`` (a fresh kernel each, as "Restart & Run All" does;
-``nbclient`` is in the ``dev`` extra), in the notebook's folder. Each row records the wall time (kernel start
-included, and separately), the cells, and the load average before and after; the run records the machine
+``nbclient`` is in the ``dev`` extra), in the notebook's folder. Each row records the wall time from starting the
+kernel to the last cell's end (the kernel's start included, and recorded separately; its shutdown after the
+last cell recorded apart), the cells, and the load average before and after; the run records the machine
 (CPU model, cores and the cores this process may use, torch, the threads torch uses by default, the load
 average). The recording is saved after every notebook to ``attn_course/data/notebook_times.json``
 (``--taskset-one-core``: ``notebook_times_one_core.json``; ``--json PATH`` elsewhere); a table is printed.
@@ -54,8 +55,11 @@ def _load() -> list[float] | None:
 
 def run_notebook(path: str | Path, *, timeout: float = 600.0, kernel_name: str = "python3") -> dict:
     """Execute one notebook headless in a fresh kernel (its outputs are not saved) and time it:
-    ``{"wall_s", "kernel_start_s", "cells", "load_avg_before", "load_avg_after"}``, plus ``"error"`` (the
-    first line of the failing cell's error) if a cell raised or ran past ``timeout`` seconds."""
+    ``{"wall_s", "kernel_start_s", "shutdown_s", "cells", "load_avg_before", "load_avg_after"}``, plus
+    ``"error"`` (the first line of the failing cell's error) if a cell raised or ran past ``timeout`` seconds.
+    ``wall_s`` runs from starting the kernel to the end of the last cell: what Restart & Run All makes a learner
+    wait. The kernel's shutdown after it (seconds for a lesson's kernel: the interpreter's exit after
+    torch) is not part of that wait and is recorded apart, ``shutdown_s``."""
     import nbformat
     from nbclient import NotebookClient
     path = Path(path)
@@ -63,15 +67,20 @@ def run_notebook(path: str | Path, *, timeout: float = 600.0, kernel_name: str =
     client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name,
                             resources={"metadata": {"path": str(path.parent)}})
     row = {"load_avg_before": _load(), "cells": sum(c.cell_type == "code" for c in nb.cells)}
-    t0 = time.perf_counter()
+    t0 = t_cells = time.perf_counter()
     try:
         with client.setup_kernel():
             row["kernel_start_s"] = round(time.perf_counter() - t0, 3)
-            for index, cell in enumerate(nb.cells):
-                client.execute_cell(cell, index)
+            try:
+                for index, cell in enumerate(nb.cells):
+                    client.execute_cell(cell, index)
+            finally:
+                t_cells = time.perf_counter()             # the last cell's end (or the failing cell's)
     except Exception as exc:                                      # noqa: BLE001 - recorded in the row
         row["error"] = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[-1]}"[:300]
-    row["wall_s"] = round(time.perf_counter() - t0, 3)
+    t_done = time.perf_counter()
+    row["wall_s"] = round((t_cells if "kernel_start_s" in row else t_done) - t0, 3)
+    row["shutdown_s"] = round(t_done - t_cells, 3) if "kernel_start_s" in row else None
     row["load_avg_after"] = _load()
     return row
 
@@ -114,6 +123,7 @@ def _row(name: str, runs: list[dict]) -> dict:
     if len(runs) == 1:
         return {"notebook": name, **runs[0]}
     row = {"notebook": name, "cells": runs[0]["cells"], "wall_s": _median([r["wall_s"] for r in runs]),
+           "shutdown_s": _median([r.get("shutdown_s") or 0.0 for r in runs]),
            "kernel_start_s": _median([r.get("kernel_start_s", r["wall_s"]) for r in runs]),
            "load_avg_before": runs[0]["load_avg_before"], "load_avg_after": runs[-1]["load_avg_after"],
            "rounds": [{k: v for k, v in r.items() if k != "cells"} for r in runs]}
