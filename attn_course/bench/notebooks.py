@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -113,18 +114,16 @@ def _pinned(one_core: bool):
         os.sched_setaffinity(0, old)
 
 
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return round((xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2, 3)
-
-
 def _row(name: str, runs: list[dict]) -> dict:
     """One notebook's row: its run as is (one round), or each run under ``rounds`` with median times."""
     if len(runs) == 1:
         return {"notebook": name, **runs[0]}
-    row = {"notebook": name, "cells": runs[0]["cells"], "wall_s": _median([r["wall_s"] for r in runs]),
-           "shutdown_s": _median([r.get("shutdown_s") or 0.0 for r in runs]),
-           "kernel_start_s": _median([r.get("kernel_start_s", r["wall_s"]) for r in runs]),
+
+    def median(key):                      # over the runs that have it (a kernel that never started has no times)
+        xs = [r[key] for r in runs if r.get(key) is not None]
+        return round(statistics.median(xs), 3) if xs else None
+    row = {"notebook": name, "cells": runs[0]["cells"], "wall_s": median("wall_s"),
+           "kernel_start_s": median("kernel_start_s"), "shutdown_s": median("shutdown_s"),
            "load_avg_before": runs[0]["load_avg_before"], "load_avg_after": runs[-1]["load_avg_after"],
            "rounds": [{k: v for k, v in r.items() if k != "cells"} for r in runs]}
     errors = [r["error"] for r in runs if "error" in r]
@@ -166,7 +165,7 @@ def format_notebooks(rows: list[dict]) -> str:
     lines = ["| notebook | wall s | kernel start s | code cells | load before → after | status |",
              "|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['notebook']} | {wall(r)} | {r.get('kernel_start_s', float('nan')):.1f} | "
+        lines.append(f"| {r['notebook']} | {wall(r)} | {r.get('kernel_start_s') or float('nan'):.1f} | "
                      f"{r['cells']} | {load(r.get('load_avg_before'))} → {load(r.get('load_avg_after'))} | "
                      f"{r.get('error', 'ok')} |")
     total = sum(r["wall_s"] for r in rows)
